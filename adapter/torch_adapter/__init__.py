@@ -1,0 +1,83 @@
+"""torch_adapter: run CUDA-written PyTorch code unchanged on any accelerator, and see
+how every aten op was routed (native, composite or CPU fallback).
+
+``import torch_adapter`` does nothing by itself: no patch, no device probe, no kernel
+registration, and no IPython/ipywidgets/plotly import. Call :func:`install` (or use
+``with adapted():``, ``torch-adapter run``, or ``%load_ext torch_adapter``).
+
+Public names are loaded on first use (PEP 562), so importing the package stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ._version import __version__
+
+__all__ = [
+    "__version__",
+    "install",
+    "uninstall",
+    "adapted",
+    "configure",
+    "current",
+    "trace",
+    "Route",
+    "RouteDecision",
+    "targets",
+    "describe",
+    "explain",
+    "register_fallback",
+    "register_accelerated",
+    "optimize",
+    "profiler",
+    "debug",
+    "export",
+    "memory",
+    "redirect_log",
+    "errors",
+    "load_ipython_extension",
+    "unload_ipython_extension",
+]
+
+# public name -> (module, attribute or None for the module itself)
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "install": ("session", "install"),
+    "uninstall": ("session", "uninstall"),
+    "adapted": ("session", "adapted"),
+    "configure": ("session", "configure"),
+    "current": ("session", "current"),
+    "targets": ("targets", "targets"),
+    "describe": ("targets", "describe"),
+    "redirect_log": ("redirect.log", "redirect_log"),
+    "errors": ("errors", None),
+    "trace": ("routing.trace", "trace"),
+    "Route": ("routing.decide", "Route"),
+    "RouteDecision": ("routing.decide", "RouteDecision"),
+    "explain": ("routing.decide", "explain"),
+    "register_fallback": ("routing.registry", "register_fallback"),
+    "register_accelerated": ("routing.registry", "register_accelerated"),
+    "optimize": ("routing.optimize", None),
+    "profiler": ("profiler", None),
+    "debug": ("debug", None),
+    "export": ("export", "export"),
+    "memory": ("memory", None),
+    "load_ipython_extension": ("jupyter.extension", "load_ipython_extension"),
+    "unload_ipython_extension": ("jupyter.extension", "unload_ipython_extension"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module_name, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'torch_adapter' has no attribute {name!r}") from None
+    module = importlib.import_module(f"{__name__}.{module_name}")
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,40 @@
+"""Start-up activation for child processes (the ``torch_adapter_autoinstall.pth`` hook).
+
+The ``.pth`` file installed with the package runs one line at every interpreter start:
+it does nothing unless ``TORCH_ADAPTER_AUTOINSTALL`` is set, and then calls
+:func:`activate`, which installs the adapter with the settings the parent process
+serialised into that variable (JSON). This is how ``mp.spawn`` children, DataLoader
+workers started with "spawn", and ``torchrun`` ranks are adapted (the pattern is
+coverage.py's subprocess measurement).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+__all__ = ["ENV_VAR", "activate", "encode"]
+
+ENV_VAR = "TORCH_ADAPTER_AUTOINSTALL"
+
+
+def encode(settings: dict) -> str:
+    return json.dumps(settings, sort_keys=True)
+
+
+def activate() -> None:
+    raw = os.environ.get(ENV_VAR, "")
+    if not raw:
+        return
+    try:
+        settings = json.loads(raw) if raw.strip().startswith("{") else {"target": raw}
+        from torch_adapter.session import install
+
+        install(**settings)
+    except Exception as exc:  # never break the child's start-up: say why and go on
+        print(
+            f"torch_adapter: could not adapt this child process ({type(exc).__name__}: {exc}); "
+            f"it runs without the adapter. Unset {ENV_VAR} to silence this.",
+            file=sys.stderr,
+        )

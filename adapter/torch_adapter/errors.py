@@ -1,0 +1,75 @@
+"""The exceptions torch_adapter raises, drawn once.
+
+::
+
+    AdapterError (Exception)            everything below; catch this to catch all
+    ├── UsageError (+ ValueError)       a call with bad arguments (unknown option, bad value)
+    ├── TargetError (+ RuntimeError)    a target that is unknown or not on this machine
+    ├── UnsupportedCudaFeature (+ RuntimeError)
+    │                                   a CUDA-only feature the target cannot provide
+    │                                   (CUDA graph capture, cudart, jiterator, ...)
+    ├── ProfileError (+ ValueError)     a capability profile file that is malformed
+    ├── RegistrationError (+ ValueError)
+    │                                   a duplicate or invalid register_* call
+    ├── FallbackError (+ RuntimeError)  fallback policy "error" met an op the target lacks
+    └── CheckError (+ RuntimeError)     the `check` command cannot read its input
+
+Every message has five parts: the call, what was expected, what was given, why, and
+the fix. :func:`format_error` assembles them so that all messages read alike.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AdapterError",
+    "UsageError",
+    "TargetError",
+    "UnsupportedCudaFeature",
+    "ProfileError",
+    "RegistrationError",
+    "FallbackError",
+    "CheckError",
+    "format_error",
+]
+
+
+class AdapterError(Exception):
+    """Base of every error torch_adapter raises."""
+
+
+class UsageError(AdapterError, ValueError):
+    """A torch_adapter call got arguments it cannot use."""
+
+
+class TargetError(AdapterError, RuntimeError):
+    """A target that is unknown, or not present on this machine."""
+
+
+class UnsupportedCudaFeature(AdapterError, RuntimeError):
+    """A CUDA-only feature that the target cannot provide."""
+
+
+class ProfileError(AdapterError, ValueError):
+    """A capability profile (TOML) that cannot be used."""
+
+
+class RegistrationError(AdapterError, ValueError):
+    """A register_fallback / register_accelerated / optimize.register call that is invalid."""
+
+
+class FallbackError(AdapterError, RuntimeError):
+    """The fallback policy is "error" and an op would run on the CPU."""
+
+
+class CheckError(AdapterError, RuntimeError):
+    """`torch-adapter check` could not read or write what it was given."""
+
+
+def format_error(call: str, expected: str, got: str, why: str = "", fix: str = "") -> str:
+    """One message in the house style: call, expected, got, why, fix."""
+    parts = [f"{call}: expected {expected}, got {got}."]
+    if why:
+        parts.append(f"Why: {why}")
+    if fix:
+        parts.append(f"Fix: {fix}")
+    return "\n".join(parts)

@@ -1,0 +1,97 @@
+"""Reversible attribute patches.
+
+A :class:`Patcher` records, for each ``(owner, name)`` it patches, whether the name lived
+in the owner's own ``__dict__`` and the exact object that was there, and puts it back on
+:meth:`restore` (``del`` when the name was inherited, so that ``Tensor.to`` resolves to the
+identical ``TensorBase.to`` again). Patching the same attribute twice keeps the first
+original. Nothing here knows about torch: it is the mechanism, the redirect modules are
+the data.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["Patcher", "MISSING"]
+
+
+class _Missing:
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return "<missing>"
+
+
+MISSING: Any = _Missing()
+
+
+class Patcher:
+    """Owns a set of patches and undoes them all, in reverse order."""
+
+    def __init__(self) -> None:
+        # (id(owner), name) -> (owner, name, had_own, original)
+        self._saved: dict[tuple[int, str], tuple[Any, str, bool, Any]] = {}
+        self._order: list[tuple[int, str]] = []
+        self._env: dict[str, str | None] = {}
+
+    def __len__(self) -> int:
+        return len(self._saved)
+
+    def original(self, owner: Any, name: str) -> Any:
+        """The value before we patched it (or the current one if unpatched)."""
+        key = (id(owner), name)
+        if key in self._saved:
+            return self._saved[key][3]
+        return getattr(owner, name, MISSING)
+
+    def is_patched(self, owner: Any, name: str) -> bool:
+        return (id(owner), name) in self._saved
+
+    def set(self, owner: Any, name: str, value: Any) -> Any:
+        """Set ``owner.name = value`` and remember what to restore. Returns the original."""
+        key = (id(owner), name)
+        if key not in self._saved:
+            own = _own_dict(owner)
+            had_own = name in own
+            original = own[name] if had_own else getattr(owner, name, MISSING)
+            self._saved[key] = (owner, name, had_own, original)
+            self._order.append(key)
+        setattr(owner, name, value)
+        return self._saved[key][3]
+
+    def set_env(self, name: str, value: str | None) -> None:
+        """Set (or with ``None`` unset) an environment variable, restorable."""
+        if name not in self._env:
+            self._env[name] = os.environ.get(name)
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+    def restore(self) -> None:
+        """Undo every patch, newest first; the environment as it was."""
+        for key in reversed(self._order):
+            owner, name, had_own, original = self._saved[key]
+            if had_own:
+                setattr(owner, name, original)
+            else:
+                try:
+                    delattr(owner, name)
+                except AttributeError:
+                    pass
+                if original is not MISSING and getattr(owner, name, MISSING) is not original:
+                    setattr(owner, name, original)
+        self._saved.clear()
+        self._order.clear()
+        for name, value in self._env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._env.clear()
+
+
+def _own_dict(owner: Any) -> Any:
+    try:
+        return vars(owner)
+    except TypeError:
+        return {}

@@ -1,0 +1,1 @@
+"""Capability profiles, route decisions, execution of routes, and the routing log."""
