@@ -1,0 +1,7 @@
+"""``python -m torch_adapter ...`` — the same as the ``torch-adapter`` command."""
+
+import sys
+
+from torch_adapter.cli import main
+
+sys.exit(main())

@@ -1,0 +1,106 @@
+"""The ``torch-adapter`` command (also ``python -m torch_adapter``).
+
+Sub-commands: ``run``, ``targets``, and those other layers register (``check``, ...).
+Exit codes: 0 success; 1 the script failed / findings at or above --fail-on; 2 usage or
+I/O errors; a script's own exit code is passed through by ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from typing import Any
+
+from ._version import __version__
+
+__all__ = ["main", "build_parser"]
+
+# Modules that add a sub-command with `register(subparsers)`.
+_PLUGINS = ("torch_adapter.check.cli", "torch_adapter.coverage.cli", "torch_adapter.memory_cli",
+            "torch_adapter.export_cli")
+
+
+def _add_run(sub: Any) -> None:
+    p = sub.add_parser("run", help="run a CUDA-written script on the target, unchanged",
+                       description="Run SCRIPT as __main__ with ARGS, CUDA requests redirected to the target. "
+                                   "Works under torchrun: torchrun --nproc-per-node 2 -m torch_adapter run train.py")
+    p.add_argument("--target", default="auto", help="auto (default), cpu, cuda, npu, xpu, mps, or a profile .toml")
+    p.add_argument("--simulate", action="store_true", help="preview TARGET's routing while executing on this machine")
+    p.add_argument("--report", action="store_true", help="print what was redirected and how ops were routed at exit")
+    p.add_argument("--report-json", metavar="PATH", help="write the routing log (and redirects) as JSON to PATH")
+    p.add_argument("--amp-dtype", default="auto", choices=("auto", "float16", "bfloat16", "float32"),
+                   help="what autocast('cuda', float16) becomes (default auto: bfloat16 on the CPU)")
+    p.add_argument("--fallback", default="allow", choices=("allow", "warn", "error"),
+                   help="policy for ops the target lacks")
+    p.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")
+    p.add_argument("script", metavar="SCRIPT", help="the script (or module with -m) to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments passed to SCRIPT")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .runner import run_script
+
+    return run_script(args.script, args.args, module=args.module, target=args.target, simulate=args.simulate,
+                      report=args.report, report_json=args.report_json, amp_dtype=args.amp_dtype,
+                      fallback=args.fallback)
+
+
+def _add_targets(sub: Any) -> None:
+    p = sub.add_parser("targets", help="list the targets on this machine and the simulated ones")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_targets)
+
+
+def _targets(args: argparse.Namespace) -> int:
+    from .targets import targets
+
+    rows = targets()
+    if args.json:
+        print(json.dumps(rows, indent=1, default=str))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="torch_adapter targets")
+    for col in ("name", "kind", "present", "device", "devices", "collectives", "details"):
+        table.add_column(col)
+    for r in rows:
+        kind = "simulated" if r.get("simulated") else "real"
+        details = ", ".join(f"{k}={v}" for k, v in r.get("details", {}).items())
+        table.add_row(r["name"], kind, "yes" if r.get("present") else "no", str(r.get("device", "")),
+                      str(r.get("devices", "")), str(r.get("dist_backend", "")), details)
+    Console().print(table)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="torch-adapter", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"torch-adapter {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_run(sub)
+    _add_targets(sub)
+    for name in _PLUGINS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and name.startswith(exc.name):
+                continue  # that layer is not part of this build
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Layer 1, REDIRECT: CUDA requests → the target. One module per surface:
+
+- :mod:`.devices`      device arguments, Tensor/Module methods, load, Generator, DataLoader
+- :mod:`.cuda_ns`      the ``torch.cuda`` namespace answered for the target
+- :mod:`.amp`          autocast / GradScaler / custom_fwd, profiler activities, SDPA backends
+- :mod:`.distributed`  "nccl" → the target's collective backend, DDP device ids
+- :mod:`.env`          CUDA environment variables → the target's
+- :mod:`.log`          the redirect log (call sites)
+
+:func:`apply_all` installs them on a session's Patcher, in that order; the session's
+``uninstall()`` restores every attribute to the identical object.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["apply_all"]
+
+
+def apply_all(session: Any) -> None:
+    from . import amp, cuda_ns, devices, distributed, env
+    from .log import remember
+    from .._autoinstall import ENV_VAR, encode
+
+    session.redirect_log.enabled = session.config.log_redirects
+    remember(session.redirect_log)
+    devices.apply(session)
+    cuda_ns.apply(session)
+    amp.apply(session)
+    distributed.apply(session)
+    env.apply(session)
+    if session.config.propagate:
+        session.patcher.set_env(ENV_VAR, encode(session.settings()))

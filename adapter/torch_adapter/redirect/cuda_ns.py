@@ -1,0 +1,506 @@
+"""``torch.cuda`` answered for the target.
+
+Every name in ``torch.cuda.__all__`` has a row in :data:`TABLE` (how it is answered, in
+words) and the names that need one get a stand-in built by :class:`StandIn`. On a real
+non-CUDA target (npu, xpu, mps) a stand-in delegates to ``torch.<target>`` when that
+module has the same function; on the CPU target it answers from the host (see
+:mod:`.host_memory` for memory). Names that cannot mean anything off CUDA raise
+:class:`~torch_adapter.errors.UnsupportedCudaFeature` saying why and what to use.
+
+The patches are set on the real ``torch.cuda`` module (and its submodules that define
+the same names), so ``import torch.cuda as tc`` made before install sees them too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..errors import UnsupportedCudaFeature, format_error
+from . import host_memory
+
+__all__ = ["TABLE", "StandIn", "apply"]
+
+A, E, U, K = "answered", "eager fallback", "unsupported (clear error)", "unchanged"
+# name -> (how, what it does on the CPU target)
+TABLE: dict[str, tuple[str, str]] = {
+    **{n: (A, "a tensor of that dtype on the target (legacy constructor)")
+       for n in ("BFloat16Tensor", "BoolTensor", "ByteTensor", "CharTensor", "DoubleTensor", "FloatTensor",
+                 "HalfTensor", "IntTensor", "LongTensor", "ShortTensor")},
+    **{n: (A, "the target's typed storage of that dtype")
+       for n in ("BFloat16Storage", "BoolStorage", "ByteStorage", "CharStorage", "ComplexDoubleStorage",
+                 "ComplexFloatStorage", "DoubleStorage", "FloatStorage", "HalfStorage", "IntStorage",
+                 "LongStorage", "ShortStorage")},
+    "CUDAGraph": (U, "graph capture records CUDA kernels; use torch.compile(mode='reduce-overhead') or eager"),
+    "graph": (U, "as CUDAGraph"),
+    "graph_pool_handle": (U, "as CUDAGraph"),
+    "make_graphed_callables": (E, "returns the callables unchanged (they run eagerly)"),
+    "is_current_stream_capturing": (A, "False"),
+    "graphs": (K, "module; its names as above"),
+    "CudaError": (K, "exception class"), "DeferredCudaCallError": (K, "exception class"),
+    "Event": (A, "an event with real elapsed_time() (host clock; the CPU runs ops synchronously)"),
+    "Stream": (A, "a synchronous stream: wait/record/query/synchronize work, nothing is queued"),
+    "StreamContext": (A, "context manager selecting a Stream"),
+    "ExternalStream": (U, "wraps a cudaStream_t pointer"), "GreenContext": (U, "CUDA green contexts"),
+    "get_stream_from_external": (U, "wraps a cudaStream_t pointer"),
+    "amp": (A, "autocast/GradScaler/custom_fwd/custom_bwd map 'cuda' to the target (AMP dtype policy)"),
+    "caching_allocator_alloc": (U, "raw CUDA caching-allocator blocks"),
+    "caching_allocator_delete": (U, "raw CUDA caching-allocator blocks"),
+    "caching_allocator_enable": (A, "accepted; no caching allocator on the CPU"),
+    "caching_allocator_disabled": (A, "accepted; no caching allocator on the CPU"),
+    "CUDAPluggableAllocator": (U, "loads a CUDA allocator .so"),
+    "change_current_allocator": (U, "installs a CUDA allocator"),
+    "MemPool": (U, "CUDA memory pools"), "use_mem_pool": (U, "CUDA memory pools"),
+    "get_allocator_backend": (A, "'native'"),
+    "can_device_access_peer": (A, "False"), "check_error": (A, "no-op for 0, error otherwise"),
+    "cudaStatus": (K, "constants"), "cudart": (U, "the CUDA runtime library"),
+    "current_blas_handle": (U, "cuBLAS handle"), "current_solver_handle": (U, "cuSOLVER handle"),
+    "current_device": (A, "the logical index last set (0)"),
+    "set_device": (A, "records the logical index; all indices are the one CPU"),
+    "device": (A, "context manager over the logical index"), "device_of": (A, "context manager"),
+    "device_count": (A, "1 on the CPU target; the target's count elsewhere"),
+    "current_stream": (A, "the target's current stream"), "default_stream": (A, "the default stream"),
+    "set_stream": (A, "sets the current stream"), "stream": (A, "context manager"),
+    "synchronize": (A, "the target's synchronize (no-op on the CPU)"),
+    "streams": (K, "module"),
+    "device_memory_used": (A, "resident set size of this process"),
+    "empty_cache": (A, "malloc_trim: freed heap pages go back to the OS"),
+    "get_arch_list": (A, "[] (no CUDA architectures)"), "get_gencode_flags": (A, "''"),
+    "get_device_capability": (A, "(0, 0): not a CUDA device; code gated on >= (7, 0) takes its safe path"),
+    "get_device_name": (A, "'CPU (<processor>) via torch_adapter'"),
+    "get_device_properties": (A, "name, total_memory (RAM), multi_processor_count (cores), major/minor 0"),
+    "get_per_process_memory_fraction": (A, "the value last set (1.0)"),
+    "set_per_process_memory_fraction": (A, "recorded; not enforced on the CPU"),
+    "get_rng_state": (A, "the CPU generator's state"), "get_rng_state_all": (A, "[that state]"),
+    "set_rng_state": (A, "sets the CPU generator's state"), "set_rng_state_all": (A, "as set_rng_state"),
+    "manual_seed": (A, "seeds the CPU generator (the one 'cuda' randomness now uses)"),
+    "manual_seed_all": (A, "as manual_seed"), "seed": (A, "random seed for the CPU generator"),
+    "seed_all": (A, "as seed"), "initial_seed": (A, "the CPU generator's initial seed"),
+    "default_generators": (A, "(torch.default_generator,)"), "random": (K, "module"),
+    "get_sync_debug_mode": (A, "0"), "set_sync_debug_mode": (A, "accepted"),
+    "has_half": (A, "True"), "has_magma": (A, "False"),
+    "host_memory_stats": (A, "{} (no pinned-host allocator)"),
+    "host_memory_stats_as_nested_dict": (A, "{}"),
+    "reset_accumulated_host_memory_stats": (A, "no-op"), "reset_peak_host_memory_stats": (A, "no-op"),
+    "init": (A, "no-op"), "is_initialized": (A, "True"), "ipc_collect": (A, "no-op"),
+    "is_available": (A, "True: CUDA-written code takes its CUDA path, redirected"),
+    "is_bf16_supported": (A, "True"), "is_tf32_supported": (A, "False"),
+    "jiterator": (U, "compiles CUDA C++ at run time"),
+    "list_gpu_processes": (A, "a text naming the CPU target and this process"),
+    "memory": (K, "module; its functions answered as below"),
+    "memory_allocated": (A, "bytes in use on the heap (mallinfo2)"),
+    "max_memory_allocated": (A, "peak of memory_allocated seen since the last reset"),
+    "memory_reserved": (A, "resident set size"), "max_memory_reserved": (A, "peak RSS (VmHWM)"),
+    "memory_cached": (A, "as memory_reserved"), "max_memory_cached": (A, "as max_memory_reserved"),
+    "reset_peak_memory_stats": (A, "resets both peaks (clear_refs)"),
+    "reset_max_memory_allocated": (A, "as reset_peak_memory_stats"),
+    "reset_max_memory_cached": (A, "as reset_peak_memory_stats"),
+    "reset_accumulated_memory_stats": (A, "no-op"),
+    "mem_get_info": (A, "(MemAvailable, MemTotal)"),
+    "memory_stats": (A, "CUDA's keys for current/peak allocated/reserved, from the process"),
+    "memory_stats_as_nested_dict": (A, "as memory_stats, nested"),
+    "memory_summary": (A, "a text table of the above"), "memory_snapshot": (A, "[] (no segments)"),
+    "memory_usage": (A, "0 (no device utilisation counter)"),
+    "utilization": (A, "0"), "temperature": (U, "NVML sensor"), "power_draw": (U, "NVML sensor"),
+    "clock_rate": (U, "NVML sensor"),
+    "nccl": (K, "module; use torch.distributed, whose 'nccl' is redirected"),
+    "nvtx": (A, "range/range_push/range_pop/mark become torch.profiler.record_function ranges"),
+    "profiler": (A, "start/stop/profile: no-ops (use torch.profiler)"),
+    "sparse": (K, "module"), "tunable": (K, "module (TunableOp is CUDA/ROCm-only; calls are inert)"),
+}
+
+
+@dataclass
+class DeviceProperties:
+    """What torch.cuda.get_device_properties() returns, for the CPU target."""
+
+    name: str
+    total_memory: int
+    multi_processor_count: int
+    major: int = 0
+    minor: int = 0
+    is_integrated: bool = True
+    is_multi_gpu_board: bool = False
+    L2_cache_size: int = 0
+    gcnArchName: str = ""
+    uuid: str = "torch-adapter-cpu"
+    warp_size: int = 1
+    max_threads_per_multi_processor: int = 1
+    regs_per_multiprocessor: int = 0
+
+
+class _Stream:
+    """A synchronous stream (CPU target): every op has already finished."""
+
+    __torch_adapter_stream__ = True
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        self.device = torch.device("cpu")
+        self.priority = priority
+        self.stream_id = 0
+        self.device_index = 0
+        self.device_type = 0
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+    def wait_stream(self, stream: Any) -> None:
+        return None
+
+    def record_event(self, event: Any = None) -> Any:
+        event = event if event is not None else _Event()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, _Stream)
+
+    def __hash__(self) -> int:
+        return hash("torch_adapter.cpu_stream")
+
+    def __repr__(self) -> str:
+        return "<torch_adapter CPU stream (synchronous)>"
+
+
+class _Event:
+    """An event with real timing on the CPU target (host clock at record time)."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                 **kwargs: Any) -> None:
+        self.enable_timing = enable_timing
+        self._t: int | None = None
+
+    def record(self, stream: Any = None) -> None:
+        self._t = time.perf_counter_ns()
+
+    def wait(self, stream: Any = None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def elapsed_time(self, end_event: "_Event") -> float:
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError(format_error(
+                "torch.cuda.Event.elapsed_time()", "both events created with enable_timing=True",
+                "an event without timing", fix="torch.cuda.Event(enable_timing=True)"))
+        if self._t is None or end_event._t is None:
+            raise RuntimeError(format_error(
+                "torch.cuda.Event.elapsed_time()", "both events recorded", "an unrecorded event",
+                fix="call .record() on both events first"))
+        return (end_event._t - self._t) / 1e6
+
+    def ipc_handle(self) -> Any:
+        raise UnsupportedCudaFeature("torch.cuda.Event.ipc_handle(): CUDA IPC handles do not exist on the CPU target")
+
+
+def _legacy_tensor_class(dtype_name: str, mapper: Any) -> type:
+    cpu_cls = getattr(torch, dtype_name)
+    legacy = f"torch.cuda.{dtype_name}"
+    dtype = cpu_cls.dtype if hasattr(cpu_cls, "dtype") else torch.tensor([], dtype=None).dtype
+
+    class _Meta(type):
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, torch.Tensor) and obj.dtype == dtype and obj.device.type == mapper.type
+
+    def new(cls: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        mapper.log.record("device", f"{legacy}(...)", f"{dtype} on {mapper.device(None)}", depth=3)
+        t = cpu_cls(*args, **kwargs)
+        return t if mapper.on_cpu else t.to(mapper.device(None))
+
+    return _Meta(dtype_name, (), {"__new__": new, "__torch_adapter_legacy__": legacy, "dtype": dtype,
+                                  "__doc__": f"{legacy}, answered by torch_adapter on the target."})
+
+
+def _unsupported(name: str) -> Callable[..., Any]:
+    why = TABLE[name][1]
+
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        raise UnsupportedCudaFeature(format_error(
+            f"torch.cuda.{name}", "a CUDA device", "a torch_adapter target without CUDA",
+            why=f"{name}: {why}", fix=_FIXES.get(name, "guard this call with torch.version.cuda, or remove it")))
+
+    fn.__name__ = name
+    fn.__qualname__ = name
+    return fn
+
+
+_FIXES = {
+    "CUDAGraph": "run eagerly (drop the capture), or use torch.compile(mode='reduce-overhead')",
+    "graph": "run eagerly (drop the capture), or use torch.compile(mode='reduce-overhead')",
+    "temperature": "read sensors with the vendor's tool (npu-smi, xpu-smi), or skip monitoring",
+    "power_draw": "read sensors with the vendor's tool, or skip monitoring",
+    "clock_rate": "read sensors with the vendor's tool, or skip monitoring",
+    "jiterator": "write the op in PyTorch, or register a kernel with torch.library.custom_op",
+}
+
+
+class StandIn:
+    """Builds the stand-in namespace for one session."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.mapper = session.device_mapper
+        self.target = session.target
+        self.dev_mod = None if self.mapper.on_cpu else getattr(torch, self.target.device_type, None)
+        self.fraction = 1.0
+
+    def _delegate(self, name: str, cpu_impl: Callable[..., Any]) -> Callable[..., Any]:
+        fn = getattr(self.dev_mod, name, None) if self.dev_mod is not None else None
+        return fn if callable(fn) else cpu_impl
+
+    def names(self) -> dict[str, Any]:
+        m, d = self.mapper, self._delegate
+        cpu = m.on_cpu
+        gen = torch.default_generator
+        ns: dict[str, Any] = {}
+
+        ns["is_available"] = lambda: True
+        ns["is_initialized"] = lambda: True
+        ns["init"] = lambda: None
+        ns["_lazy_init"] = lambda: None
+        ns["device_count"] = d("device_count", lambda: 1)
+
+        def current_device() -> int:
+            return m.logical_index
+
+        def set_device(device: Any) -> None:
+            index = device if type(device) is int else getattr(m.map(device, "torch.cuda.set_device"), "index", 0)
+            m.logical_index = int(index or 0) if index is not None and index >= 0 else 0
+            if not cpu and self.dev_mod is not None:
+                self.dev_mod.set_device(m.logical_index)
+
+        ns["current_device"] = current_device if cpu else d("current_device", current_device)
+        ns["set_device"] = set_device
+
+        class device:  # noqa: N801 - torch's spelling
+            """Context manager that selects a logical CUDA index (torch_adapter)."""
+
+            def __init__(self, device: Any) -> None:
+                idx = device if type(device) is int else getattr(m.map(device, "torch.cuda.device"), "index", None)
+                self.idx = -1 if idx is None else idx
+                self.prev = 0
+
+            def __enter__(self) -> None:
+                self.prev = m.logical_index
+                if self.idx >= 0:
+                    set_device(self.idx)
+
+            def __exit__(self, *exc: Any) -> bool:
+                set_device(self.prev)
+                return False
+
+        class device_of(device):  # noqa: N801
+            def __init__(self, obj: Any) -> None:
+                super().__init__(obj.get_device() if getattr(obj, "is_cuda", False) else -1)
+
+        ns["device"], ns["device_of"] = device, device_of
+
+        name = f"CPU ({platform.processor() or platform.machine()}) via torch_adapter"
+        ns["get_device_name"] = d("get_device_name", lambda device=None: name)
+        ns["get_device_capability"] = d("get_device_capability", lambda device=None: (0, 0))
+        ns["get_device_properties"] = d("get_device_properties", lambda device=None: DeviceProperties(
+            name=name, total_memory=host_memory.total(), multi_processor_count=os.cpu_count() or 1))
+        ns["get_arch_list"] = lambda: []
+        ns["get_gencode_flags"] = lambda: ""
+        ns["synchronize"] = d("synchronize", lambda device=None: None)
+        ns["can_device_access_peer"] = lambda device, peer_device: False
+        ns["check_error"] = _check_error
+        ns["has_half"], ns["has_magma"] = True, False
+        ns["is_bf16_supported"] = d("is_bf16_supported", lambda including_emulation=True: True)
+        ns["is_tf32_supported"] = lambda: False
+        ns["get_sync_debug_mode"] = lambda: 0
+        ns["set_sync_debug_mode"] = lambda debug_mode: None
+        ns["ipc_collect"] = lambda: None
+        ns["get_allocator_backend"] = lambda: "native"
+        ns["caching_allocator_enable"] = lambda value=True: None
+        ns["caching_allocator_disabled"] = contextlib.nullcontext
+        ns["list_gpu_processes"] = lambda device=None: f"torch_adapter target {self.target.label}: process {os.getpid()}"
+        ns["is_current_stream_capturing"] = lambda: False
+        ns["make_graphed_callables"] = _eager_graphed_callables(m)
+        ns["utilization"] = lambda device=None: 0
+        ns["memory_usage"] = lambda device=None: 0
+
+        # streams and events
+        if cpu:
+            Stream, Event = _Stream, _Event
+            default = _Stream()
+            ns["current_stream"] = lambda device=None: default
+            ns["default_stream"] = lambda device=None: default
+            ns["set_stream"] = lambda stream: None
+
+            @contextlib.contextmanager
+            def stream(s: Any) -> Any:
+                yield s
+
+            ns["stream"] = stream
+
+            class StreamContext:
+                def __init__(self, stream: Any) -> None:
+                    self.stream = stream
+
+                def __enter__(self) -> Any:
+                    return self.stream
+
+                def __exit__(self, *exc: Any) -> bool:
+                    return False
+
+            ns["StreamContext"] = StreamContext
+        else:
+            Stream = getattr(self.dev_mod, "Stream", torch.Stream)
+            Event = getattr(self.dev_mod, "Event", torch.Event)
+            for n in ("current_stream", "default_stream", "set_stream", "stream", "StreamContext"):
+                if hasattr(self.dev_mod, n):
+                    ns[n] = getattr(self.dev_mod, n)
+        ns["Stream"], ns["Event"] = Stream, Event
+
+        # RNG
+        ns["manual_seed"] = d("manual_seed", lambda seed: gen.manual_seed(int(seed)) and None)
+        ns["manual_seed_all"] = d("manual_seed_all", lambda seed: gen.manual_seed(int(seed)) and None)
+        ns["seed"] = d("seed", lambda: gen.seed() and None)
+        ns["seed_all"] = d("seed_all", lambda: gen.seed() and None)
+        ns["initial_seed"] = d("initial_seed", lambda: gen.initial_seed())
+        ns["get_rng_state"] = d("get_rng_state", lambda device="cuda": gen.get_state())
+        ns["get_rng_state_all"] = d("get_rng_state_all", lambda: [gen.get_state()])
+        ns["set_rng_state"] = d("set_rng_state", lambda new_state, device="cuda": gen.set_state(new_state))
+        ns["set_rng_state_all"] = d("set_rng_state_all",
+                                    lambda new_states: gen.set_state(list(new_states)[0]))
+        ns["default_generators"] = (getattr(self.dev_mod, "default_generators", None) if not cpu else None) or (gen,)
+
+        # memory
+        hm = host_memory
+        for n, impl in {
+            "memory_allocated": lambda device=None: hm.allocated(),
+            "max_memory_allocated": lambda device=None: hm.peak_allocated(),
+            "memory_reserved": lambda device=None: hm.reserved(),
+            "max_memory_reserved": lambda device=None: hm.peak_reserved(),
+            "memory_cached": lambda device=None: hm.reserved(),
+            "max_memory_cached": lambda device=None: hm.peak_reserved(),
+            "reset_peak_memory_stats": lambda device=None: hm.reset_peak(),
+            "reset_max_memory_allocated": lambda device=None: hm.reset_peak(),
+            "reset_max_memory_cached": lambda device=None: hm.reset_peak(),
+            "reset_accumulated_memory_stats": lambda device=None: None,
+            "empty_cache": hm.empty_cache,
+            "mem_get_info": lambda device=None: hm.mem_info(),
+            "memory_stats": lambda device=None: hm.stats(),
+            "memory_stats_as_nested_dict": lambda device=None: _nest(hm.stats()),
+            "memory_summary": lambda device=None, abbreviated=False: hm.summary(),
+            "memory_snapshot": lambda *a, **k: [],
+            "device_memory_used": lambda device=None: hm.reserved(),
+            "host_memory_stats": lambda: {},
+            "host_memory_stats_as_nested_dict": lambda: {},
+            "reset_accumulated_host_memory_stats": lambda: None,
+            "reset_peak_host_memory_stats": lambda: None,
+        }.items():
+            ns[n] = d(n, impl)
+
+        def set_fraction(fraction: float, device: Any = None) -> None:
+            self.fraction = float(fraction)
+
+        ns["set_per_process_memory_fraction"] = d("set_per_process_memory_fraction", set_fraction)
+        ns["get_per_process_memory_fraction"] = lambda device=None: self.fraction
+
+        # legacy typed tensors and storages
+        for n in TABLE:
+            if n.endswith("Tensor"):
+                ns[n] = _legacy_tensor_class(n, m)
+            elif n.endswith("Storage") and hasattr(torch, n):
+                ns[n] = getattr(torch, n)
+
+        for n, (how, _) in TABLE.items():
+            if how == U:
+                ns[n] = _unsupported(n)
+        return ns
+
+
+def _check_error(res: int) -> None:
+    if res != 0:
+        raise RuntimeError(f"torch.cuda.check_error({res}): a CUDA error code on a target without CUDA")
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return out
+
+
+def _eager_graphed_callables(mapper: Any) -> Callable[..., Any]:
+    def make_graphed_callables(callables: Any, sample_args: Any, *args: Any, **kwargs: Any) -> Any:
+        mapper.log.record("namespace", "torch.cuda.make_graphed_callables", "eager (no graph capture)", depth=3)
+        return callables
+
+    return make_graphed_callables
+
+
+def _nvtx_patches(session: Any) -> dict[str, Any]:
+    stack: list[Any] = []
+
+    def range_push(msg: str) -> int:
+        rf = torch.profiler.record_function(msg)
+        rf.__enter__()
+        stack.append(rf)
+        return len(stack) - 1
+
+    def range_pop() -> int:
+        if stack:
+            stack.pop().__exit__(None, None, None)
+        return len(stack)
+
+    @contextlib.contextmanager
+    def range_(msg: str, *args: Any, **kwargs: Any) -> Any:
+        with torch.profiler.record_function(msg.format(*args, **kwargs)):
+            yield
+
+    def mark(msg: str) -> None:
+        with torch.profiler.record_function(f"mark: {msg}"):
+            pass
+
+    def range_start(msg: str) -> int:
+        return range_push(msg)
+
+    def range_end(range_id: int) -> None:
+        range_pop()
+
+    return {"range_push": range_push, "range_pop": range_pop, "range": range_, "mark": mark,
+            "range_start": range_start, "range_end": range_end}
+
+
+def apply(session: Any) -> None:
+    """Patch torch.cuda (and submodules defining the same names) for ``session``'s target."""
+    if session.target.device_type == "cuda":
+        return  # real CUDA answers for itself
+    p = session.patcher
+    ns = StandIn(session).names()
+    submodules = [getattr(torch.cuda, s) for s in ("memory", "random", "graphs", "streams") if hasattr(torch.cuda, s)]
+    for name, value in ns.items():
+        p.set(torch.cuda, name, value)
+        for sub in submodules:
+            if name in vars(sub):
+                p.set(sub, name, value)
+    for name, value in _nvtx_patches(session).items():
+        p.set(torch.cuda.nvtx, name, value)
+    profiler_mod = getattr(torch.cuda, "profiler", None)
+    if profiler_mod is not None:
+        p.set(profiler_mod, "start", lambda: None)
+        p.set(profiler_mod, "stop", lambda: None)
+        p.set(profiler_mod, "profile", contextlib.nullcontext)

@@ -1,0 +1,339 @@
+"""Device redirection: every way CUDA-written code names a CUDA device → the target's.
+
+The mapping (:class:`DeviceMapper`) is one small pure function; the patches below apply
+it at the entry points where a device is *used*: factories and ``*_like`` functions,
+``Tensor.to/.cuda/.new_*/.pin_memory/.type``, ``with torch.device(...)`` and
+``set_default_device`` (both go through ``torch.utils._device.DeviceContext``),
+``torch.load(map_location=...)``, ``torch.Generator(device=...)``, storages, DataLoader
+pinning and ``nn.DataParallel``. ``Module.to/.cuda/.to_empty`` follow from the Tensor and
+factory patches. No per-op hook: a redirect costs one Python call where a device is named.
+
+Semantics of ``tensor.is_cuda`` / ``tensor.device.type``: truthful. A redirected tensor
+*is* on the target (``cpu``, ``npu``, ...), and says so; ``torch.cuda.is_available()``
+answers for the target. See docs/redirect.md for why (libraries choose NCCL, kernels and
+dtypes from a tensor's device: lying there breaks them).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["DeviceMapper", "apply"]
+
+# torch.<name> functions that take device= (keyword-only in their schemas).
+FACTORIES = (
+    "empty", "empty_permuted", "empty_strided", "zeros", "ones", "full", "arange", "range",
+    "linspace", "logspace", "eye", "rand", "randn", "randint", "randperm", "normal",
+    "tensor", "as_tensor", "asarray", "scalar_tensor", "from_file",
+    "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like",
+    "tril_indices", "triu_indices", "bartlett_window", "blackman_window", "hamming_window",
+    "hann_window", "kaiser_window", "sparse_coo_tensor", "sparse_csr_tensor", "sparse_csc_tensor",
+    "sparse_bsr_tensor", "sparse_bsc_tensor", "sparse_compressed_tensor", "empty_quantized",
+)
+SUBMODULE_FACTORIES = (("fft", "fftfreq"), ("fft", "rfftfreq"), ("nested", "nested_tensor"),
+                       ("nested", "as_nested_tensor"))
+TENSOR_NEW = ("new_empty", "new_zeros", "new_ones", "new_full", "new_tensor", "new_empty_strided")
+
+
+class DeviceMapper:
+    """Maps CUDA device spellings to the target's device. Everything else passes through."""
+
+    def __init__(self, target: Any, log: Any) -> None:
+        self.target = target
+        self.type = target.device_type
+        self.on_cpu = self.type == "cpu"
+        self.log = log
+        self.logical_index = 0  # torch.cuda.set_device() on targets with one device
+
+    def device(self, index: int | None) -> torch.device:
+        if self.on_cpu:
+            return torch.device("cpu")
+        if index is None:
+            return torch.device(self.type)
+        return torch.device(self.type, index)
+
+    def is_cuda(self, dev: Any) -> bool:
+        if type(dev) is str:
+            return dev.startswith("cuda")
+        if isinstance(dev, torch.device):
+            return dev.type == "cuda"
+        return False
+
+    def map(self, dev: Any, asked: str | None = None, *, ints: bool = False) -> Any:
+        """``dev`` with any CUDA device replaced; ``ints`` treats int as a CUDA index.
+
+        ``asked`` labels the request in the redirect log (default ``device='cuda:0'``).
+        """
+        if dev is None:
+            return None
+        if type(dev) is str:
+            if not dev.startswith("cuda"):
+                return dev
+            index = _index_of(dev)
+        elif isinstance(dev, torch.device):
+            if dev.type != "cuda":
+                return dev
+            index = dev.index
+        elif ints and type(dev) is int:
+            index = dev
+        else:
+            return dev
+        new = self.device(index)
+        if self.log.enabled:
+            self.log.record("device", asked or f"device={_spell(dev)}", str(new), depth=4)
+        return new
+
+
+def _spell(dev: Any) -> str:
+    """'cuda:0' for torch.device('cuda', 0): how users write it."""
+    return repr(str(dev)) if isinstance(dev, torch.device) else repr(dev)
+
+
+def _index_of(spec: str) -> int | None:
+    if spec == "cuda":
+        return None
+    try:
+        return torch.device(spec).index
+    except RuntimeError:
+        return None
+
+
+def _wrap_device_kwarg(orig: Callable, mapper: DeviceMapper, label: str) -> Callable:
+    @functools.wraps(orig)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        dev = kwargs.get("device")
+        if dev is not None and mapper.is_cuda(dev) or type(dev) is int:
+            kwargs["device"] = mapper.map(dev, f"{label}(device={_spell(dev)})", ints=True)
+        return orig(*args, **kwargs)
+
+    wrapper.__torch_adapter_original__ = orig  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _looks_like_device(arg: Any) -> bool:
+    return type(arg) is str or isinstance(arg, torch.device) or (type(arg) is int)
+
+
+def apply(session: Any) -> DeviceMapper:
+    """Install the device patches on ``session.patcher``; return the mapper."""
+    p = session.patcher
+    mapper = DeviceMapper(session.target, session.redirect_log)
+    session.device_mapper = mapper
+    if mapper.type == "cuda":
+        return mapper  # real CUDA: nothing to redirect
+    T = torch.Tensor
+
+    for name in FACTORIES:
+        fn = getattr(torch, name, None)
+        if fn is not None:
+            p.set(torch, name, _wrap_device_kwarg(fn, mapper, f"torch.{name}"))
+    for mod_name, name in SUBMODULE_FACTORIES:
+        mod = getattr(torch, mod_name, None)
+        fn = getattr(mod, name, None) if mod is not None else None
+        if fn is not None:
+            p.set(mod, name, _wrap_device_kwarg(fn, mapper, f"torch.{mod_name}.{name}"))
+    for name in TENSOR_NEW:
+        p.set(T, name, _wrap_device_kwarg(getattr(T, name), mapper, f"Tensor.{name}"))
+
+    orig_to = T.to
+
+    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args and _looks_like_device(args[0]) and mapper.is_cuda(args[0]) or (args and type(args[0]) is int):
+            args = (mapper.map(args[0], f"Tensor.to({_spell(args[0])})", ints=True), *args[1:])
+        dev = kwargs.get("device")
+        if dev is not None and (mapper.is_cuda(dev) or type(dev) is int):
+            kwargs["device"] = mapper.map(dev, f"Tensor.to(device={_spell(dev)})", ints=True)
+        return orig_to(self, *args, **kwargs)
+
+    p.set(T, "to", functools.wraps(orig_to)(to))
+
+    def cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False,
+             memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:
+        index = device if type(device) is int else (_index_of(device) if isinstance(device, str)
+                                                       else getattr(device, "index", None))
+        new = mapper.device(index)
+        mapper.log.record("device", "Tensor.cuda()" if device is None else f"Tensor.cuda({device!r})",
+                          str(new), depth=3)
+        return orig_to(self, new, non_blocking=non_blocking, memory_format=memory_format)
+
+    p.set(T, "cuda", cuda)
+
+    orig_pin = T.pin_memory
+
+    def pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+        if mapper.on_cpu:  # pinning needs an accelerator: on the CPU it is a no-op
+            mapper.log.record("device", "Tensor.pin_memory()", "not pinned (CPU target)", depth=3)
+            return self
+        return orig_pin(self) if device is None else orig_pin(self, mapper.map(device, "pin_memory"))
+
+    p.set(T, "pin_memory", pin_memory)
+
+    orig_is_pinned = T.is_pinned
+
+    def is_pinned(self: torch.Tensor, device: Any = None) -> bool:
+        if mapper.on_cpu:
+            return False
+        return orig_is_pinned(self) if device is None else orig_is_pinned(self, mapper.map(device))
+
+    p.set(T, "is_pinned", is_pinned)
+
+    orig_type = T.type
+
+    def type_(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+        name = getattr(dtype, "__torch_adapter_legacy__", dtype)
+        if isinstance(name, str) and name.startswith("torch.cuda."):
+            cpu_name = "torch." + name[len("torch.cuda."):]
+            new = mapper.device(None)
+            mapper.log.record("device", f"Tensor.type({name!r})", f"{cpu_name} on {new}", depth=3)
+            return orig_to(orig_type(self, cpu_name), new, non_blocking=non_blocking)
+        if dtype is None:
+            return orig_type(self)
+        return orig_type(self, dtype, non_blocking, **kwargs)
+
+    p.set(T, "type", type_)
+
+    orig_record_stream = T.record_stream
+
+    def record_stream(self: torch.Tensor, stream: Any) -> None:
+        if isinstance(stream, torch.Stream) or type(stream).__module__.startswith("torch"):
+            if not getattr(stream, "__torch_adapter_stream__", False):
+                return orig_record_stream(self, stream)
+        return None  # the CPU target's streams are synchronous: nothing to record
+
+    p.set(T, "record_stream", record_stream)
+
+    # with torch.device("cuda"): / torch.set_default_device("cuda") both build a DeviceContext.
+    from torch.utils import _device as device_mod
+
+    orig_ctx_init = device_mod.DeviceContext.__init__
+
+    def ctx_init(self: Any, device: Any) -> None:
+        orig_ctx_init(self, mapper.map(device, f"with torch.device({_spell(device)})", ints=True))
+
+    p.set(device_mod.DeviceContext, "__init__", ctx_init)
+
+    orig_set_default = torch.set_default_device
+
+    @functools.wraps(orig_set_default)
+    def set_default_device(device: Any) -> None:
+        return orig_set_default(mapper.map(device, f"torch.set_default_device({_spell(device)})", ints=True))
+
+    p.set(torch, "set_default_device", set_default_device)
+
+    orig_set_default_tensor_type = torch.set_default_tensor_type
+
+    @functools.wraps(orig_set_default_tensor_type)
+    def set_default_tensor_type(t: Any) -> None:
+        name = getattr(t, "__torch_adapter_legacy__", t)
+        if isinstance(name, str) and name.startswith("torch.cuda."):
+            cpu_name = "torch." + name[len("torch.cuda."):]
+            mapper.log.record("device", f"set_default_tensor_type({name!r})", cpu_name, depth=3)
+            orig_set_default_tensor_type(cpu_name)
+            if not mapper.on_cpu:
+                torch.set_default_device(mapper.device(None))
+            return None
+        return orig_set_default_tensor_type(t)
+
+    p.set(torch, "set_default_tensor_type", set_default_tensor_type)
+
+    _patch_generator(p, mapper)
+    _patch_load(p, mapper)
+    _patch_storages(p, mapper)
+    _patch_data(p, mapper, session)
+    return mapper
+
+
+def _patch_generator(p: Any, mapper: DeviceMapper) -> None:
+    Original = torch.Generator
+
+    class _GeneratorMeta(type):
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, Original)
+
+        def __subclasscheck__(cls, sub: type) -> bool:
+            return issubclass(sub, Original)
+
+    class Generator(metaclass=_GeneratorMeta):
+        """torch.Generator whose device="cuda" means the target (torch_adapter)."""
+
+        __torch_adapter_original__ = Original
+
+        def __new__(cls, device: Any = "cpu") -> Any:  # type: ignore[misc]
+            return Original(mapper.map(device, f"torch.Generator(device={_spell(device)})", ints=True))
+
+    Generator.__doc__ = Original.__doc__
+    p.set(torch, "Generator", Generator)
+
+
+def _patch_load(p: Any, mapper: DeviceMapper) -> None:
+    orig_load = torch.load
+
+    def cuda_location(storage: Any, location: str) -> Any:
+        if location.startswith("cuda"):
+            dev = mapper.device(_index_of(location))
+            return storage if dev.type == "cpu" else storage.to(device=dev)
+        return None  # torch's default restore for every other location
+
+    @functools.wraps(orig_load)
+    def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if map_location is None:
+            map_location = cuda_location
+        elif isinstance(map_location, (str, torch.device)):
+            map_location = mapper.map(map_location, f"torch.load(map_location={_spell(map_location)})")
+        elif isinstance(map_location, dict):
+            table = {k: v for k, v in map_location.items()}
+
+            def from_dict(storage: Any, location: str) -> Any:
+                return cuda_location(storage, str(table.get(location, location)))
+
+            mapper.log.record("device", "torch.load(map_location={...})", str(mapper.device(None)), depth=3)
+            map_location = from_dict
+        elif callable(map_location):
+            user_fn = map_location
+
+            def wrapped(storage: Any, location: str) -> Any:
+                result = user_fn(storage, location)
+                return cuda_location(storage, location) if result is None else result
+
+            map_location = wrapped
+        return orig_load(f, map_location, *args, **kwargs)
+
+    p.set(torch, "load", load)
+
+
+def _patch_storages(p: Any, mapper: DeviceMapper) -> None:
+    for cls in (torch.UntypedStorage, torch.TypedStorage):
+        def storage_cuda(self: Any, device: Any = None, non_blocking: bool = False, _cls: Any = cls) -> Any:
+            dev = mapper.device(device if type(device) is int else None)
+            mapper.log.record("device", f"{_cls.__name__}.cuda()", str(dev), depth=3)
+            return self if dev.type == "cpu" else self.to(device=dev, non_blocking=non_blocking)
+
+        p.set(cls, "cuda", storage_cuda)
+
+
+def _patch_data(p: Any, mapper: DeviceMapper, session: Any) -> None:
+    from torch.nn.parallel import data_parallel
+    from torch.utils.data import DataLoader
+
+    orig_init = DataLoader.__init__
+
+    @functools.wraps(orig_init)
+    def dl_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("pin_memory_device"):
+            mapper.log.record("dataloader", f"DataLoader(pin_memory_device={kwargs['pin_memory_device']!r})",
+                              "the current accelerator (torch's default)", depth=3)
+            kwargs["pin_memory_device"] = ""
+        if kwargs.get("pin_memory") and mapper.on_cpu:
+            mapper.log.record("dataloader", "DataLoader(pin_memory=True)", "pin_memory=False (CPU target)", depth=3)
+            kwargs["pin_memory"] = False
+        orig_init(self, *args, **kwargs)
+
+    p.set(DataLoader, "__init__", dl_init)
+
+    # nn.DataParallel asks torch._utils which device type is available; answer for the target
+    # (None on the CPU, where DataParallel runs the module as it is).
+    device_type = None if mapper.on_cpu else mapper.type
+    p.set(data_parallel, "_get_available_device_type", lambda: device_type)

@@ -1,0 +1,141 @@
+"""torch.distributed: "nccl" → the target's collective backend; DDP device ids.
+
+``init_process_group("nccl")``, ``backend="cuda:nccl,cpu:gloo"``, ``new_group(backend=
+"nccl")`` and ``init_device_mesh("cuda", ...)`` use the target's backend (gloo on the
+CPU and MPS, hccl on NPU, xccl on XPU, nccl on CUDA; ``configure(
+communication_backend=...)`` overrides). ``DistributedDataParallel(device_ids=[i])`` gets
+the target's device ids (none on the CPU, where DDP requires ``None``). It rides on
+torch.distributed as it is: no launcher, no collective of our own.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+__all__ = ["map_backend", "apply"]
+
+
+def map_backend(backend: Any, target_type: str, collective: str) -> Any:
+    """The backend string the target uses for ``backend`` (unchanged if not CUDA's)."""
+    if backend is None or not isinstance(backend, str):
+        return backend
+    text = str(backend).lower()
+    if ":" not in text:
+        return collective if text == "nccl" else backend
+    # "cuda:nccl,cpu:gloo" -> per-device pairs; CUDA's pair moves to the target's device
+    pairs: dict[str, str] = {}
+    for part in text.split(","):
+        dev, _, be = part.partition(":")
+        be = collective if be == "nccl" else be
+        dev = target_type if dev == "cuda" else dev
+        pairs.setdefault(dev, be)
+    return ",".join(f"{d}:{b}" for d, b in pairs.items())
+
+
+def apply(session: Any) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    from torch.distributed import distributed_c10d as c10d
+
+    target = session.target
+    if target.device_type == "cuda" and not session.config.communication_backend:
+        return
+    p, log, mapper = session.patcher, session.redirect_log, session.device_mapper
+
+    def collective() -> str:
+        return session.config.communication_backend or target.dist_backend
+
+    def mapped(backend: Any, what: str) -> Any:
+        new = map_backend(backend, target.device_type, collective())
+        if new != backend:
+            log.record("distributed", f"{what}(backend={backend!r})", repr(new), depth=4)
+        return new
+
+    orig_init = c10d.init_process_group
+
+    @functools.wraps(orig_init)
+    def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if "backend" in kwargs:
+            backend = kwargs.pop("backend")
+        backend = mapped(backend, "init_process_group")
+        dev = kwargs.get("device_id")
+        if dev is not None:
+            new = mapper.map(dev, "init_process_group(device_id)", ints=True)
+            kwargs["device_id"] = None if mapper.on_cpu else new
+        return orig_init(backend, *args, **kwargs)
+
+    orig_new_group = c10d.new_group
+
+    @functools.wraps(orig_new_group)
+    def new_group(*args: Any, **kwargs: Any) -> Any:
+        if len(args) >= 3:
+            args = (*args[:2], mapped(args[2], "new_group"), *args[3:])
+        if "backend" in kwargs:
+            kwargs["backend"] = mapped(kwargs["backend"], "new_group")
+        if kwargs.get("device_id") is not None:
+            kwargs["device_id"] = None if mapper.on_cpu else mapper.map(kwargs["device_id"], "new_group(device_id)")
+        return orig_new_group(*args, **kwargs)
+
+    orig_barrier = c10d.barrier
+
+    @functools.wraps(orig_barrier)
+    def barrier(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("device_ids") is not None and collective() != "nccl":
+            log.record("distributed", "barrier(device_ids=...)", "barrier() (device_ids is NCCL-only)", depth=3)
+            kwargs["device_ids"] = None
+        return orig_barrier(*args, **kwargs)
+
+    for owner in (c10d, dist):
+        p.set(owner, "init_process_group", init_process_group)
+        p.set(owner, "new_group", new_group)
+        p.set(owner, "barrier", barrier)
+
+    try:
+        from torch.distributed import device_mesh as dm
+    except ImportError:  # pragma: no cover - old torch
+        dm = None
+    if dm is not None:
+        orig_mesh = dm.init_device_mesh
+
+        @functools.wraps(orig_mesh)
+        def init_device_mesh(device_type: str, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(device_type, str) and device_type.startswith("cuda"):
+                log.record("distributed", f"init_device_mesh({device_type!r})", repr(target.device_type), depth=3)
+                device_type = target.device_type
+            return orig_mesh(device_type, *args, **kwargs)
+
+        p.set(dm, "init_device_mesh", init_device_mesh)
+        if hasattr(dist, "init_device_mesh"):
+            p.set(dist, "init_device_mesh", init_device_mesh)
+
+    _patch_ddp(session)
+
+
+def _patch_ddp(session: Any) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    p, log, mapper = session.patcher, session.redirect_log, session.device_mapper
+    orig_init = DDP.__init__
+
+    def map_id(d: Any) -> Any:
+        new = mapper.map(d, "DDP(device_ids)", ints=True)
+        return new.index if isinstance(new, torch.device) and new.index is not None else new
+
+    @functools.wraps(orig_init)
+    def ddp_init(self: Any, module: Any, device_ids: Any = None, output_device: Any = None, *args: Any,
+                 **kwargs: Any) -> None:
+        if device_ids is not None or output_device is not None:
+            if mapper.on_cpu:
+                log.record("distributed", f"DDP(device_ids={device_ids!r})", "device_ids=None (CPU module)", depth=3)
+                device_ids = output_device = None
+            else:
+                device_ids = [map_id(d) for d in device_ids] if device_ids is not None else None
+                output_device = map_id(output_device) if output_device is not None else None
+        orig_init(self, module, device_ids, output_device, *args, **kwargs)
+
+    p.set(DDP, "__init__", ddp_init)

@@ -1,0 +1,165 @@
+"""Real memory figures for the CPU target, in the shape torch.cuda's memory API returns.
+
+The CPU has no caching allocator, so CUDA's counters are answered from the process:
+
+- *allocated*: bytes in use through malloc (glibc ``mallinfo2``: ``uordblks + hblkhd``),
+  tensors and everything else the process holds on its heap;
+- *reserved*: the resident set size (``VmRSS``);
+- *peak reserved*: ``VmHWM``, the kernel's high-water mark, reset by
+  ``reset_peak_memory_stats()`` (``/proc/self/clear_refs``);
+- *peak allocated*: the largest *allocated* value seen by any query since the last reset;
+- ``empty_cache()`` returns freed heap pages to the system (``malloc_trim``).
+
+Off Linux/glibc these fall back to psutil's RSS. docs/redirect.md has the table.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import threading
+from typing import Any
+
+__all__ = ["allocated", "reserved", "peak_reserved", "reset_peak", "empty_cache", "mem_info",
+           "stats", "summary"]
+
+_lock = threading.Lock()
+_peak_allocated = 0
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def _libc() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallinfo2.restype = _Mallinfo2
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _libc()
+
+
+def _proc_status(key: str) -> int | None:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _rss() -> int:
+    value = _proc_status("VmRSS")
+    if value is not None:
+        return value
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def allocated() -> int:
+    global _peak_allocated
+    if _LIBC is not None:
+        info = _LIBC.mallinfo2()
+        value = int(info.uordblks + info.hblkhd)
+    else:
+        value = _rss()
+    with _lock:
+        _peak_allocated = max(_peak_allocated, value)
+    return value
+
+
+def peak_allocated() -> int:
+    allocated()
+    return _peak_allocated
+
+
+def reserved() -> int:
+    return _rss()
+
+
+def peak_reserved() -> int:
+    value = _proc_status("VmHWM")
+    return value if value is not None else _rss()
+
+
+def reset_peak() -> None:
+    global _peak_allocated
+    with _lock:
+        _peak_allocated = 0
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+    allocated()
+
+
+def empty_cache() -> None:
+    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
+        _LIBC.malloc_trim(0)
+
+
+def mem_info() -> tuple[int, int]:
+    """(free, total) bytes of RAM, like torch.cuda.mem_get_info()."""
+    try:
+        fields = {}
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                key, rest = line.split(":", 1)
+                fields[key] = int(rest.split()[0]) * 1024
+        return fields["MemAvailable"], fields["MemTotal"]
+    except (OSError, KeyError):
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return int(vm.available), int(vm.total)
+
+
+def total() -> int:
+    return mem_info()[1]
+
+
+def stats() -> dict[str, Any]:
+    """A subset of torch.cuda.memory_stats() keys, filled from the process."""
+    a, pa, r, pr = allocated(), peak_allocated(), reserved(), peak_reserved()
+    out: dict[str, Any] = {}
+    for pool in ("all", "large_pool", "small_pool"):
+        scale = 1 if pool == "all" else 0
+        out[f"allocated_bytes.{pool}.current"] = a * scale
+        out[f"allocated_bytes.{pool}.peak"] = pa * scale
+        out[f"reserved_bytes.{pool}.current"] = r * scale
+        out[f"reserved_bytes.{pool}.peak"] = pr * scale
+        out[f"active_bytes.{pool}.current"] = a * scale
+        out[f"active_bytes.{pool}.peak"] = pa * scale
+    out.update({"num_alloc_retries": 0, "num_ooms": 0, "num_device_alloc": 0, "num_device_free": 0,
+                "torch_adapter.source": "process heap (mallinfo2) and RSS; see docs/redirect.md"})
+    return out
+
+
+def summary() -> str:
+    mib = 1024 * 1024
+    s = stats()
+    return "\n".join([
+        "|" + "=" * 60 + "|",
+        "|  torch_adapter: CPU target memory summary (process-wide)".ljust(61) + "|",
+        "|" + "-" * 60 + "|",
+        f"|  Allocated (heap in use)  current {s['allocated_bytes.all.current'] / mib:10.1f} MiB  "
+        f"peak {s['allocated_bytes.all.peak'] / mib:10.1f} MiB",
+        f"|  Reserved  (resident)     current {s['reserved_bytes.all.current'] / mib:10.1f} MiB  "
+        f"peak {s['reserved_bytes.all.peak'] / mib:10.1f} MiB",
+        "|" + "=" * 60 + "|",
+    ])
+
+
+def pid_info() -> dict[str, Any]:
+    return {"pid": os.getpid(), "allocated": allocated(), "reserved": reserved()}

@@ -1,0 +1,149 @@
+"""The redirect log: what was redirected, where in the user's code, and what it became.
+
+One row per (call site, what was asked): ``file:line``, the request (``Tensor.cuda()``,
+``device='cuda:1'``, ``init_process_group('nccl')``), what it became (``cpu``, ``gloo``),
+and how often. Finding the call site walks the stack only when a redirection really
+happens; a row is created once per distinct site and counted afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["RedirectLog", "RedirectEntry", "redirect_log", "user_frame"]
+
+_SKIP_DIRS = tuple(
+    os.path.dirname(p) + os.sep
+    for p in (torch.__file__, os.path.dirname(__file__))
+) + (os.path.dirname(os.__file__) + os.sep,)
+_PKG_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep
+
+
+def user_frame(depth: int = 2) -> Any:
+    """The innermost frame outside torch, torch_adapter and the standard library."""
+    frame = sys._getframe(depth)
+    first = frame
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not (filename.startswith(_SKIP_DIRS) or filename.startswith(_PKG_DIR) or filename.startswith("<frozen")):
+            return frame
+        frame = frame.f_back
+    return first
+
+
+@dataclass
+class RedirectEntry:
+    file: str
+    line: int
+    function: str
+    kind: str  # device | namespace | amp | distributed | env | dataloader | ...
+    asked: str
+    became: str
+    count: int = 1
+
+    @property
+    def site(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function, "kind": self.kind,
+                "asked": self.asked, "became": self.became, "count": self.count}
+
+
+class RedirectLog:
+    """Rows of redirections, first occurrence of each (site, request), with counts."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[str, int, str], RedirectEntry] = {}
+        self._lock = threading.Lock()
+        self.enabled = True
+
+    def record(self, kind: str, asked: str, became: str, depth: int = 3) -> None:
+        if not self.enabled:
+            return
+        try:
+            frame = user_frame(depth)
+            code = frame.f_code
+            key = (code.co_filename, frame.f_lineno, asked)
+            row = self._rows.get(key)
+            if row is not None:
+                row.count += 1
+                return
+            with self._lock:
+                self._rows.setdefault(key, RedirectEntry(code.co_filename, frame.f_lineno, code.co_name,
+                                                         kind, asked, became, 0)).count += 1
+        except Exception:  # the log must never break user code
+            return
+
+    def note(self, kind: str, asked: str, became: str) -> None:
+        """A redirection with no call site (environment variables, install-time choices)."""
+        key = ("<install>", 0, asked)
+        with self._lock:
+            self._rows.setdefault(key, RedirectEntry("<install>", 0, "", kind, asked, became, 0)).count += 1
+
+    def entries(self) -> list[RedirectEntry]:
+        return sorted(self._rows.values(), key=lambda e: (e.file, e.line, e.asked))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def clear(self) -> None:
+        self._rows.clear()
+
+    def summary(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for e in self._rows.values():
+            out[e.kind] = out.get(e.kind, 0) + e.count
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": "torch-adapter.redirect-log", "version": 1,
+                "entries": [e.as_dict() for e in self.entries()]}
+
+    def render(self, title: str = "torch_adapter: redirected") -> Any:
+        """A rich Table (print it with rich.console.Console().print)."""
+        from rich.table import Table
+
+        table = Table(title=title, show_lines=False)
+        for col in ("site", "asked", "became", "count"):
+            table.add_column(col, overflow="fold", justify="right" if col == "count" else "left")
+        for e in self.entries():
+            site = e.site if e.file != "<install>" else "(install)"
+            table.add_row(_short(site), e.asked, e.became, str(e.count))
+        return table
+
+    def __rich__(self) -> Any:
+        return self.render()
+
+
+def _short(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return rel if not rel.startswith("..") else path
+
+
+_last_log: list[RedirectLog] = []
+
+
+def redirect_log() -> RedirectLog:
+    """The installed session's redirect log (or the last session's, after uninstall)."""
+    from ..session import current
+
+    session = current()
+    if session is not None:
+        return session.redirect_log
+    if _last_log:
+        return _last_log[-1]
+    return RedirectLog()
+
+
+def remember(log: RedirectLog) -> None:
+    _last_log[:] = [log]

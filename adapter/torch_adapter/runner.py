@@ -1,0 +1,116 @@
+"""``torch-adapter run``: a user's script as ``__main__``, adapted.
+
+The script runs with ``runpy.run_path(..., run_name="__main__")`` so that
+``if __name__ == "__main__":``, ``multiprocessing`` spawn (which re-imports the main
+module by path in each child) and relative imports behave as under ``python SCRIPT``.
+``sys.argv`` is ``[SCRIPT, *ARGS]`` and ``sys.path[0]`` the script's folder. Child
+processes are adapted through the autoinstall ``.pth`` hook (``propagate=True``).
+Exit codes: the script's own; 1 if it raised (the traceback shows the user's frames,
+not ours); 2 for usage errors (missing script, unknown target).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from typing import Any
+
+__all__ = ["run_script", "EXIT_USAGE"]
+
+EXIT_USAGE = 2
+_OWN = (os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.abspath(runpy.__file__))
+
+
+def _exit_code(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _is_own(filename: str) -> bool:
+    return filename.startswith("<frozen runpy") or os.path.abspath(filename).startswith(_OWN)
+
+
+def _print_user_traceback(exc: BaseException) -> None:
+    """The traceback without the frames of torch_adapter and runpy that lead to the script."""
+    tb = exc.__traceback__
+    while tb is not None and _is_own(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb if tb is not None else exc.__traceback__, file=sys.stderr)
+
+
+def run_script(script: str, args: list[str], *, module: bool = False, target: str = "auto",
+               simulate: bool = False, report: bool = False, report_json: str | None = None,
+               **options: Any) -> int:
+    """Run ``script`` (a path, or a module name with ``module=True``) adapted; return its exit code."""
+    from .errors import AdapterError
+    from .session import install
+
+    if not module and not os.path.isfile(script):
+        what = "a folder" if os.path.isdir(script) else "no such file"
+        print(f"torch-adapter run: expected a Python script, got {script!r} ({what}).\n"
+              f"Fix: check the path, or use `torch-adapter run -m package.module` for a module.", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        session = install(target, simulate=simulate, propagate=True, **options)
+    except AdapterError as exc:
+        print(f"torch-adapter run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    tracer = None
+    if report or report_json:
+        from .routing.trace import trace
+
+        tracer = trace()
+        log = tracer.__enter__()
+    old_argv, old_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    sys.argv = [script, *args]
+    if not module:
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+    code = 0
+    try:
+        if module:
+            runpy.run_module(script, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except KeyboardInterrupt:
+        code = 130
+        print("torch-adapter run: interrupted", file=sys.stderr)
+    except BaseException as exc:  # the user's exception: show it, exit 1 like python does
+        _print_user_traceback(exc)
+        code = 1
+    finally:
+        sys.argv = old_argv
+        if old_path0 is not None:
+            sys.path[0] = old_path0
+        if tracer is not None:
+            tracer.__exit__(None, None, None)
+        if report or report_json:
+            _report(session, log if tracer is not None else None, report, report_json)
+    return code
+
+
+def _report(session: Any, log: Any, to_terminal: bool, json_path: str | None) -> None:
+    import json
+
+    from rich.console import Console
+
+    if json_path:
+        payload = log.to_json() if log is not None else {}
+        payload["redirects"] = session.redirect_log.to_json()["entries"]
+        tmp = json_path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(payload, fh, indent=1)
+        os.replace(tmp, json_path)
+    if to_terminal:
+        console = Console(file=sys.stderr)
+        console.print(session.redirect_log.render(f"torch_adapter: redirected to {session.target.label}"))
+        if log is not None:
+            console.print(log)
