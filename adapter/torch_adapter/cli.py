@@ -55,7 +55,7 @@ def _add_targets(sub: Any) -> None:
 
 
 def _targets(args: argparse.Namespace) -> int:
-    from .targets import targets
+    from .target import targets
 
     rows = targets()
     if args.json:

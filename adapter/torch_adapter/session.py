@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 from .errors import UsageError, format_error
 from .patching import Patcher
-from .targets import Target, resolve
+from .target import Target, resolve
 
 __all__ = ["AdapterSession", "Config", "install", "uninstall", "adapted", "configure", "current"]
 

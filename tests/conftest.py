@@ -1,0 +1,45 @@
+"""Shared fixtures. Every test starts and ends with no adapter installed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = Path(__file__).resolve().parent / "corpus"
+
+
+def pytest_collection_modifyitems(config, items):
+    markexpr = config.getoption("-m") or ""
+    if "full_sweep" in markexpr:
+        return
+    skip = pytest.mark.skip(reason="full OpInfo sweep (minutes): run with `pytest -m full_sweep`")
+    for item in items:
+        if "full_sweep" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_adapter_leaks():
+    import torch_adapter
+
+    torch_adapter.uninstall()
+    yield
+    torch_adapter.uninstall()
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
+    """`python -m torch_adapter ARGS` in a fresh interpreter (as a user runs it)."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.pop("TORCH_ADAPTER_AUTOINSTALL", None)
+    return subprocess.run([sys.executable, "-m", "torch_adapter", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def cli():
+    return run_cli
