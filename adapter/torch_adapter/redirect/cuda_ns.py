@@ -504,3 +504,22 @@ def apply(session: Any) -> None:
         p.set(profiler_mod, "start", lambda: None)
         p.set(profiler_mod, "stop", lambda: None)
         p.set(profiler_mod, "profile", contextlib.nullcontext)
+
+
+def table_markdown() -> str:
+    """The TABLE as a Markdown table (docs/cuda-namespace.md embeds it verbatim)."""
+    lines = ["| name | on a target without CUDA | what it does (CPU target) |", "|---|---|---|"]
+    for name in sorted(TABLE, key=str.lower):
+        how, what = TABLE[name]
+        lines.append(f"| `torch.cuda.{name}` | {how} | {what} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # python -m torch_adapter.redirect.cuda_ns > docs/cuda-namespace.md
+    print("# `torch.cuda` on other targets\n")
+    print("Every name in `torch.cuda.__all__` (torch 2.13) and how torch_adapter answers it while installed on a")
+    print("target without CUDA. On npu/xpu/mps a stand-in delegates to `torch.<target>` when that module has the")
+    print("same function; the right-hand column describes the CPU target. *unsupported* names raise")
+    print("`torch_adapter.errors.UnsupportedCudaFeature` with the reason and what to use instead. *unchanged* names")
+    print("are modules or exception classes that need no stand-in. A test keeps this page in sync.\n")
+    print(table_markdown())
