@@ -18,6 +18,9 @@ from torch.autograd import profiler as autograd_profiler
 from torch.nn.parallel import data_parallel
 from torch.profiler import profiler as profiler_mod
 
+import safetensors
+import safetensors.torch
+
 import torch_adapter
 
 NAMESPACES = {
@@ -44,6 +47,8 @@ NAMESPACES = {
     "autograd.profile": autograd_profiler.profile,
     "UntypedStorage": torch.UntypedStorage,
     "TypedStorage": torch.TypedStorage,
+    "safetensors": safetensors,
+    "safetensors.torch": safetensors.torch,
 }
 
 

@@ -243,7 +243,35 @@ def apply(session: Any) -> DeviceMapper:
     _patch_load(p, mapper)
     _patch_storages(p, mapper)
     _patch_data(p, mapper, session)
+    _patch_safetensors(p, mapper)
     return mapper
+
+
+def _patch_safetensors(p: Any, mapper: DeviceMapper) -> None:
+    """safetensors.torch.load_file(..., device="cuda") and safe_open(..., device="cuda")."""
+    import importlib.util
+
+    if importlib.util.find_spec("safetensors") is None:
+        return
+    import safetensors
+    import safetensors.torch as st
+
+    for owner, name in ((st, "load_file"), (st, "safe_open"), (safetensors, "safe_open")):
+        orig = getattr(owner, name, None)
+        if orig is None:
+            continue
+
+        def make(orig: Callable, label: str) -> Callable:
+            @functools.wraps(orig)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                dev = kwargs.get("device")
+                if isinstance(dev, (str, int, torch.device)) and (mapper.is_cuda(dev) or type(dev) is int):
+                    kwargs["device"] = str(mapper.map(dev, f"{label}(device={_spell(dev)})", ints=True))
+                return orig(*args, **kwargs)
+
+            return wrapper
+
+        p.set(owner, name, make(orig, f"safetensors.{name}"))
 
 
 def _patch_generator(p: Any, mapper: DeviceMapper) -> None:
