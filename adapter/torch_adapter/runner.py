@@ -103,7 +103,7 @@ def _report(session: Any, log: Any, to_terminal: bool, json_path: str | None) ->
     from rich.console import Console
 
     if json_path:
-        payload = log.to_json() if log is not None else {}
+        payload = log.to_dict() if log is not None else {}
         payload["redirects"] = session.redirect_log.to_json()["entries"]
         tmp = json_path + ".tmp"
         with open(tmp, "w") as fh:

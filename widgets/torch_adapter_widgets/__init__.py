@@ -1,5 +1,14 @@
-"""Jupyter widgets for torch_adapter (ipywidgets + plotly). Filled in by the Jupyter issue."""
+"""Jupyter widgets for torch_adapter (ipywidgets + plotly FigureWidget).
+
+- :class:`RoutingInspector` — live per-cell routing: stacked bars per cell, a sortable,
+  filterable op table, and the selected op's reason and call sites. Updated once per
+  cell (never per op).
+- :class:`ThroughputComparison` — throughput kept per configuration, with spread.
+"""
 
 from torch_adapter._version import __version__
 
-__all__ = ["__version__"]
+from .compare import ThroughputComparison
+from .inspector import RoutingInspector
+
+__all__ = ["__version__", "RoutingInspector", "ThroughputComparison"]

@@ -1,0 +1,184 @@
+"""``%load_ext torch_adapter``: install the adapter in the kernel and observe every cell.
+
+Loading installs the adapter (target ``auto``, or what ``%adapter target`` chose) and
+registers ``pre_run_cell``/``post_run_cell`` callbacks. Each cell runs inside a routing
+trace; after a cell that ran aten ops the kernel publishes the cell's payload
+(:mod:`.schema`) as a display bundle and as a comm message, and hands it to listeners
+(the live inspector). ``%unload_ext`` unregisters every callback and uninstalls.
+Instrumentation never breaks the user's cell: an observer that fails prints what failed
+and the cell goes on.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+from . import schema
+
+__all__ = ["CellRouter", "load_ipython_extension", "unload_ipython_extension", "router"]
+
+_ROUTER: "CellRouter | None" = None
+
+
+def router() -> "CellRouter | None":
+    """The loaded extension's CellRouter (None when not loaded)."""
+    return _ROUTER
+
+
+class CellRouter:
+    """Per-cell tracing, publishing and the session totals for one IPython shell."""
+
+    def __init__(self, shell: Any, target: str = "auto", simulate: bool = False) -> None:
+        from ..routing.log import RoutingLog
+
+        self.shell = shell
+        self.target = target
+        self.simulate = simulate
+        self.session_log = RoutingLog()
+        self.cells = 0
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.payloads: list[dict[str, Any]] = []
+        self.observing = True
+        self.publish_display = True
+        self.publish_comm = True
+        self.last_log: Any = None
+        self._tracer: Any = None
+        self._log: Any = None
+        self._t0 = 0.0
+        self.failures = 0
+
+    # -- lifecycle --------------------------------------------------------------------
+    def install(self) -> Any:
+        from ..session import install
+
+        session = install(self.target, simulate=self.simulate)
+        self.session_log.target = session.target.name
+        self.session_log.simulated = session.target.simulated
+        return session
+
+    def register(self) -> None:
+        events = self.shell.events
+        events.register("pre_run_cell", self.pre_run_cell)
+        events.register("post_run_cell", self.post_run_cell)
+
+    def unregister(self) -> None:
+        events = self.shell.events
+        for name, cb in (("pre_run_cell", self.pre_run_cell), ("post_run_cell", self.post_run_cell)):
+            try:
+                events.unregister(name, cb)
+            except ValueError:
+                pass
+        self._stop()
+
+    # -- the observer ------------------------------------------------------------------
+    def _report(self, what: str, exc: BaseException) -> None:
+        self.failures += 1
+        print(f"torch_adapter: {what} failed; the cell itself is unaffected "
+              f"({type(exc).__name__}: {exc}). Details:\n"
+              + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+              file=sys.stderr)
+
+    def _stop(self) -> Any:
+        tracer, self._tracer = self._tracer, None
+        if tracer is not None:
+            tracer.__exit__(None, None, None)
+        return self._log
+
+    def pre_run_cell(self, info: Any = None) -> None:
+        try:
+            self._stop()
+            self._log = None
+            if not self.observing:
+                return
+            from ..routing.trace import trace
+
+            self._tracer = trace()
+            self._log = self._tracer.__enter__()
+            self._t0 = time.perf_counter()
+        except Exception as exc:
+            self._tracer = None
+            self._report("starting the per-cell routing trace", exc)
+
+    def post_run_cell(self, result: Any = None) -> None:
+        try:
+            wall_ms = (time.perf_counter() - self._t0) * 1e3
+            log = self._stop()
+            if log is None or sum(log.summary().values()) == 0:
+                return  # a cell that ran no aten op publishes nothing
+            self.last_log = log
+            self.cells += 1
+            self.session_log.merge(log)
+            info = getattr(result, "info", None)
+            cell_id = getattr(info, "cell_id", None)
+            count = getattr(result, "execution_count", None)
+            from ..session import current
+
+            session = current()
+            policy = session.config.fallback if session is not None else "allow"
+            payload = schema.build_payload(log, cell_id=cell_id, execution_count=count, policy=policy,
+                                           wall_ms=wall_ms, session_totals=self.totals())
+            self.payloads.append(payload)
+        except Exception as exc:
+            self._report("summarising the cell's routing", exc)
+            return
+        self.publish(payload)
+
+    def totals(self) -> dict[str, int]:
+        return {"cells": self.cells, **self.session_log.summary()}
+
+    def publish(self, payload: dict[str, Any]) -> None:
+        if self.publish_display:
+            try:
+                from IPython.display import display
+
+                display(schema.bundle(payload), raw=True)
+            except Exception as exc:
+                self._report("publishing the routing display", exc)
+        if self.publish_comm:
+            try:
+                from comm import create_comm
+
+                c = create_comm(target_name=schema.COMM_TARGET, data=payload)
+                c.close()
+            except Exception as exc:
+                self._report("sending the routing comm message", exc)
+        for listener in list(self.listeners):
+            try:
+                listener(payload)
+            except Exception as exc:
+                self._report(f"the listener {getattr(listener, '__qualname__', listener)!r}", exc)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext torch_adapter``: install the adapter and observe every cell (loading twice is safe)."""
+    global _ROUTER
+    from .magics import AdapterMagics
+
+    if _ROUTER is not None and _ROUTER.shell is ipython:
+        return
+    if _ROUTER is not None:
+        unload_ipython_extension(_ROUTER.shell)
+    cell_router = CellRouter(ipython)
+    cell_router.install()
+    cell_router.register()
+    ipython.register_magics(AdapterMagics(ipython, cell_router))
+    _ROUTER = cell_router
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext torch_adapter``: unregister every callback and magic; restore torch."""
+    global _ROUTER
+    from ..session import uninstall
+
+    cell_router, _ROUTER = _ROUTER, None
+    if cell_router is not None:
+        cell_router.unregister()
+        magics = ipython.magics_manager.registry.pop("AdapterMagics", None)
+        if magics is not None:
+            for kind in ("line", "cell"):
+                for name in magics.magics.get(kind, {}):
+                    ipython.magics_manager.magics[kind].pop(name, None)
+    uninstall()

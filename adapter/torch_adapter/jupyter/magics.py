@@ -1,0 +1,194 @@
+"""The ``%adapter`` family of magics. Each docstring is that magic's manual (``%adapter?``)."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+
+__all__ = ["AdapterMagics", "parse_configs", "CONFIG_HELP"]
+
+CONFIG_HELP = ("plain (no adapter), redirect (redirect only, no observation), adapted (redirect + per-cell "
+               "observation), NAME-sim (simulated target NAME, e.g. mps-sim, npu-sim), or a target name (cpu, npu, ...)")
+
+
+def parse_configs(text: str) -> list[str]:
+    """``"plain,adapted,mps-sim"`` → a validated list (UsageError on a bad name)."""
+    from ..target import KNOWN
+
+    configs = [c.strip() for c in text.split(",") if c.strip()]
+    if not configs:
+        raise UsageError(f"--configs: expected a comma-separated list of {CONFIG_HELP}; got {text!r}")
+    for c in configs:
+        base = c[:-4] if c.endswith("-sim") else c
+        if c not in ("plain", "redirect", "adapted") and base not in KNOWN:
+            raise UsageError(f"--configs: unknown configuration {c!r}; expected {CONFIG_HELP}")
+    if len(set(configs)) != len(configs):
+        raise UsageError(f"--configs: {text!r} names a configuration twice")
+    return configs
+
+
+@magics_class
+class AdapterMagics(Magics):
+    def __init__(self, shell: Any, router: Any) -> None:
+        super().__init__(shell)
+        self.router = router
+
+    # -- %adapter -----------------------------------------------------------------------
+    @magic_arguments()
+    @argument("action", nargs="?", default="status", help="status (default) | target | policy | observe")
+    @argument("value", nargs="?", help="the target name, the policy (allow|warn|error), or on|off")
+    @argument("--simulate", action="store_true", help="with `target`: simulate the target on this machine")
+    @line_magic
+    def adapter(self, line: str = "") -> Any:
+        """Show or change the adapter in this kernel.
+
+        ``%adapter``                          target, policy, cells observed, session totals
+        ``%adapter target NAME [--simulate]`` switch target (auto, cpu, cuda, npu, xpu, mps, ...)
+        ``%adapter policy allow|warn|error``  fallback policy for ops the target lacks
+        ``%adapter observe on|off``           pause or resume per-cell routing reports
+        """
+        args = parse_argstring(self.adapter, line)
+        from ..errors import AdapterError
+        from ..session import configure, current
+
+        if args.action == "status":
+            session = current()
+            totals = self.router.totals()
+            return {"target": session.target.label if session else None,
+                    "policy": session.config.fallback if session else None,
+                    "amp_dtype": session.config.amp_dtype if session else None,
+                    "observing": self.router.observing, **totals}
+        if args.action == "target":
+            if not args.value:
+                raise UsageError("%adapter target: expected a target name, e.g. `%adapter target mps --simulate`")
+            self.router.target, self.router.simulate = args.value, args.simulate
+            try:
+                session = self.router.install()
+            except AdapterError as exc:
+                raise UsageError(str(exc)) from None
+            return f"torch_adapter: target {session.target.label}"
+        if args.action == "policy":
+            if args.value not in ("allow", "warn", "error"):
+                raise UsageError(f"%adapter policy: expected allow, warn or error; got {args.value!r}")
+            configure(fallback=args.value)
+            return f"torch_adapter: fallback policy {args.value}"
+        if args.action == "observe":
+            if args.value not in ("on", "off"):
+                raise UsageError(f"%adapter observe: expected on or off; got {args.value!r}")
+            self.router.observing = args.value == "on"
+            return f"torch_adapter: per-cell routing {'on' if self.router.observing else 'off'}"
+        raise UsageError(f"%adapter: unknown action {args.action!r}; expected status, target, policy or observe "
+                         "(see %adapter?)")
+
+    # -- %%adapter_trace ---------------------------------------------------------------
+    @magic_arguments()
+    @argument("--limit", type=int, default=None, help="show at most this many rows")
+    @cell_magic
+    def adapter_trace(self, line: str, cell: str) -> None:
+        """Run the cell and show its full per-op routing table.
+
+        Columns: op, route, calls, self time, bytes copied to/from the CPU, reason, first
+        user call site. The RoutingLog is stored as ``_adapter_log`` in the namespace.
+        """
+        args = parse_argstring(self.adapter_trace, line)
+        from ..routing.trace import trace
+
+        with trace() as log:
+            self._exec(cell)
+        self.shell.user_ns["_adapter_log"] = log
+        from IPython.display import display
+
+        display({"text/plain": log.render(limit=args.limit), "text/html": _log_html(log, args.limit),
+                 "application/json": log.to_dict()}, raw=True)
+
+    def _exec(self, cell: str) -> None:
+        code = self.shell.transform_cell(cell)
+        exec(compile(code, "<adapter-cell>", "exec"), self.shell.user_ns)
+
+    # -- %%adapter_compare -----------------------------------------------------------------
+    @magic_arguments()
+    @argument("--configs", default="redirect,adapted", help=f"comma-separated: {CONFIG_HELP}")
+    @argument("-n", type=int, default=5, help="timed runs per configuration (interleaved)")
+    @argument("--warmup", type=int, default=1, help="untimed runs per configuration first")
+    @cell_magic
+    def adapter_compare(self, line: str, cell: str) -> dict[str, Any]:
+        """Run the cell body under several configurations and compare throughput.
+
+        Runs are interleaved (A B C A B C ...) after warm-up; the first configuration that
+        runs is the baseline. Shows a chart of throughput kept (median, spread over runs)
+        and returns ``{config: {"runs_s": [...], "median_s": m, "kept": ratio, "error": str|None}}``.
+        """
+        args = parse_argstring(self.adapter_compare, line)
+        if args.n < 1 or args.warmup < 0:
+            raise UsageError(f"%%adapter_compare: expected -n >= 1 and --warmup >= 0; got -n {args.n} --warmup {args.warmup}")
+        configs = parse_configs(args.configs)
+        from .compare import compare
+
+        code = compile(self.shell.transform_cell(cell), "<adapter-compare>", "exec")
+        result = compare(lambda: exec(code, self.shell.user_ns), configs, n=args.n, warmup=args.warmup,
+                         router=self.router)
+        _show_comparison(result)
+        return result
+
+    # -- %adapter_inspector ------------------------------------------------------------------
+    @line_magic
+    def adapter_inspector(self, line: str = "") -> Any:
+        """Open the live RoutingInspector: per-cell stacked bars, a sortable/filterable op
+        table, and an op's reason and call sites on selection. It updates once per cell."""
+        try:
+            from torch_adapter_widgets import RoutingInspector
+        except ImportError as exc:
+            raise UsageError(f"%adapter_inspector needs the widgets extra: pip install 'torch-adapter[widgets]' ({exc})")
+        inspector = RoutingInspector.attach(self.router)
+        return inspector
+
+    # -- %adapter_check ----------------------------------------------------------------------
+    @magic_arguments()
+    @argument("path", help="a file or folder to scan")
+    @argument("--target", default="npu", help="the target to check against (default npu)")
+    @line_magic
+    def adapter_check(self, line: str) -> Any:
+        """Scan PATH for CUDA-specific code and show the compatibility report inline."""
+        args = parse_argstring(self.adapter_check, line)
+        try:
+            from ..check import api as check_api
+        except ImportError as exc:
+            raise UsageError(f"%adapter_check: the check engine is not available ({exc})")
+        report = check_api.scan(args.path, target=args.target)
+        from IPython.display import HTML, display
+
+        page = check_api.render_html(report)
+        display(HTML(f'<iframe style="width:100%;height:600px;border:1px solid #ddd" '
+                     f'srcdoc="{html.escape(page, quote=True)}"></iframe>'))
+        return report
+
+
+def _log_html(log: Any, limit: int | None) -> str:
+    rows = log.table()[:limit] if limit else log.table()
+    head = "".join(f"<th>{h}</th>" for h in ("op", "route", "calls", "self ms", "bytes copied", "reason", "call site"))
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
+            r["op"], r["route"], r["calls"], r["self_time_ms"], r["bytes_copied"], r["reason"],
+            f"{r['site']['file']}:{r['site']['line']}" if r.get("site") else "")) + "</tr>" for r in rows)
+    s = log.summary()
+    return (f"<div><b>torch_adapter trace</b> [{html.escape(str(log.target))}]: {s['native']} native, "
+            f"{s['composite']} composite, {s['fallback']} fallback calls"
+            f"<table class='torch-adapter-trace'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
+
+
+def _show_comparison(result: dict[str, Any]) -> None:
+    from IPython.display import display
+
+    try:
+        from torch_adapter_widgets import ThroughputComparison
+
+        display(ThroughputComparison(result))
+    except ImportError:
+        lines = [f"{k:>12}: kept {v['kept'] * 100:6.1f} %  median {v['median_s'] * 1e3:8.2f} ms"
+                 if v.get("error") is None else f"{k:>12}: failed: {v['error']}" for k, v in result.items()]
+        display({"text/plain": "\n".join(lines)}, raw=True)
