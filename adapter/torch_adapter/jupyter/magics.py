@@ -98,7 +98,7 @@ class AdapterMagics(Magics):
         args = parse_argstring(self.adapter_trace, line)
         from ..routing.trace import trace
 
-        with trace() as log:
+        with trace(use_observer=False) as log:  # the recorder knows call sites
             self._exec(cell)
         self.shell.user_ns["_adapter_log"] = log
         from IPython.display import display
@@ -107,8 +107,13 @@ class AdapterMagics(Magics):
                  "application/json": log.to_dict()}, raw=True)
 
     def _exec(self, cell: str) -> None:
+        exec(self._compile(cell), self.shell.user_ns)
+
+    def _compile(self, cell: str) -> Any:
+        """Compile like IPython does, so tracebacks and call sites name the cell."""
         code = self.shell.transform_cell(cell)
-        exec(compile(code, "<adapter-cell>", "exec"), self.shell.user_ns)
+        name = self.shell.compile.cache(code, self.shell.execution_count, raw_code=cell)
+        return compile(code, name, "exec")
 
     # -- %%adapter_compare -----------------------------------------------------------------
     @magic_arguments()
@@ -129,7 +134,7 @@ class AdapterMagics(Magics):
         configs = parse_configs(args.configs)
         from .compare import compare
 
-        code = compile(self.shell.transform_cell(cell), "<adapter-compare>", "exec")
+        code = self._compile(cell)
         result = compare(lambda: exec(code, self.shell.user_ns), configs, n=args.n, warmup=args.warmup,
                          router=self.router)
         _show_comparison(result)

@@ -14,27 +14,15 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-import torch
+from .._callsite import user_frame as _user_frame
 
 __all__ = ["RedirectLog", "RedirectEntry", "redirect_log", "user_frame"]
 
-_SKIP_DIRS = tuple(
-    os.path.dirname(p) + os.sep
-    for p in (torch.__file__, os.path.dirname(__file__))
-) + (os.path.dirname(os.__file__) + os.sep,)
-_PKG_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep
 
 
 def user_frame(depth: int = 2) -> Any:
-    """The innermost frame outside torch, torch_adapter and the standard library."""
-    frame = sys._getframe(depth)
-    first = frame
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not (filename.startswith(_SKIP_DIRS) or filename.startswith(_PKG_DIR) or filename.startswith("<frozen")):
-            return frame
-        frame = frame.f_back
-    return first
+    """The innermost user frame (see :mod:`torch_adapter._callsite`)."""
+    return _user_frame(depth)
 
 
 @dataclass

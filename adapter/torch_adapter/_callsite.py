@@ -1,0 +1,65 @@
+"""The user's call site: the innermost frame that is the user's code.
+
+Skipped: torch, torch_adapter, the standard library, IPython/ipykernel internals, and
+synthetic ``<frozen ...>``/``<string>`` code. Notebook cells are user code: their
+filenames are ``<ipython-input-N-...>`` (terminal IPython) or a file under the kernel's
+temp folder (ipykernel), and both are kept. Only called when something is recorded for
+the first time at a site, never per op.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from typing import Any
+
+__all__ = ["user_frame", "user_site"]
+
+_SKIP: tuple[str, ...] | None = None
+
+
+def _skip_dirs() -> tuple[str, ...]:
+    global _SKIP
+    if _SKIP is None:
+        import importlib.util
+
+        import torch
+
+        dirs = [os.path.dirname(os.path.abspath(torch.__file__)),
+                os.path.dirname(os.path.abspath(__file__)),
+                sysconfig.get_paths()["stdlib"]]
+        for name in ("IPython", "ipykernel", "traitlets", "comm"):
+            spec = importlib.util.find_spec(name)
+            if spec is not None and spec.origin:
+                dirs.append(os.path.dirname(os.path.abspath(spec.origin)))
+        _SKIP = tuple(d + os.sep for d in dirs)
+    return _SKIP
+
+
+def _is_user(path: str) -> bool:
+    if path.startswith("<"):
+        return path.startswith("<ipython-input") or path.startswith("<adapter-")
+    return not os.path.abspath(path).startswith(_skip_dirs())
+
+
+def user_frame(depth: int = 1) -> Any:
+    """The innermost user frame above the caller (or the outermost frame if none is)."""
+    frame = sys._getframe(depth + 1)
+    last = frame
+    while frame is not None:
+        if _is_user(frame.f_code.co_filename):
+            return frame
+        last = frame
+        frame = frame.f_back
+    return last
+
+
+def user_site(depth: int = 1) -> dict[str, Any] | None:
+    """``{"file", "line", "function"}`` of the innermost user frame, or None."""
+    frame = sys._getframe(depth + 1)
+    while frame is not None:
+        if _is_user(frame.f_code.co_filename):
+            return {"file": frame.f_code.co_filename, "line": frame.f_lineno, "function": frame.f_code.co_name}
+        frame = frame.f_back
+    return None

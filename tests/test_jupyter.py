@@ -1,0 +1,195 @@
+"""%load_ext torch_adapter in a real in-process IPython: cells, magics, errors, observers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.testing import globalipapp
+from IPython.utils.capture import capture_output
+
+from torch_adapter.jupyter import extension, schema
+
+CUDA_CELL = "import torch\nx = torch.randn(8, 8).cuda()\ny = torch.nn.functional.linear(x, x).relu().sum()\n"
+
+
+_SHELL = []
+
+
+@pytest.fixture
+def ip():
+    if not _SHELL:  # one real in-process shell for the module (IPython keeps a singleton)
+        _SHELL.append(globalipapp.start_ipython() or globalipapp.get_ipython())
+    shell = _SHELL[0]
+    shell.run_line_magic("load_ext", "torch_adapter")
+    yield shell
+    shell.run_line_magic("unload_ext", "torch_adapter")
+
+
+def run(ip, code):
+    with capture_output() as cap:
+        result = ip.run_cell(code)
+    bundles = [o.data for o in cap.outputs if schema.MIME in o.data]
+    return result, bundles, cap
+
+
+def test_a_cell_that_ran_ops_publishes_one_bundle(ip):
+    result, bundles, _ = run(ip, CUDA_CELL)
+    assert result.success
+    assert len(bundles) == 1
+    payload = bundles[0][schema.MIME]
+    assert payload["schema"] == schema.SCHEMA and payload["version"] == schema.VERSION
+    assert sum(payload["counts"].values()) > 0 and payload["counts"]["native"] > 0
+    assert payload["target"] == "cpu" and payload["session"]["cells"] == 1
+    assert "torch_adapter [cpu]" in bundles[0]["text/plain"]
+    assert "torch-adapter-routing" in bundles[0]["text/html"]
+
+
+def test_a_cell_without_ops_publishes_nothing(ip):
+    run(ip, CUDA_CELL)
+    _, bundles, _ = run(ip, "a = 1 + 1\nprint(a)")
+    assert bundles == []
+    assert len(extension.router().payloads) == 1
+
+
+def test_simulated_target_reports_fallbacks_with_reasons(ip):
+    ip.run_line_magic("adapter", "target mps --simulate")
+    # aten::_weight_norm_interface has no MPS kernel in the op table: it must not be native
+    _, bundles, _ = run(ip, CUDA_CELL + "z = torch.special.zeta(x.abs() + 1.5, x.abs() + 1.0)\n")
+    payload = bundles[0][schema.MIME]
+    assert payload["simulated"] and payload["target"] == "mps"
+    assert payload["counts"]["composite"] + payload["counts"]["fallback"] > 0
+
+
+def test_unload_restores_torch_and_unregisters_every_callback(ip):
+    ip.run_cell(CUDA_CELL)
+    router = extension.router()
+    ip.run_line_magic("unload_ext", "torch_adapter")
+    assert not torch.cuda.is_available() or torch.version.cuda
+    for event in ("pre_run_cell", "post_run_cell"):
+        assert all(getattr(cb, "__self__", None) is not router for cb in ip.events.callbacks[event])
+    assert "adapter" not in ip.magics_manager.magics["line"]
+    _, bundles, _ = run(ip, "import torch\ntorch.ones(2) + 1")
+    assert bundles == []
+    ip.run_line_magic("load_ext", "torch_adapter")  # the fixture unloads again
+
+
+def test_reload_and_double_load_are_safe(ip):
+    ip.run_line_magic("load_ext", "torch_adapter")  # already loaded: no second set of callbacks
+    _, bundles, _ = run(ip, CUDA_CELL)
+    assert len(bundles) == 1
+    ip.run_line_magic("reload_ext", "torch_adapter")
+    _, bundles, _ = run(ip, CUDA_CELL)
+    assert len(bundles) == 1 and bundles[0][schema.MIME]["session"]["cells"] == 1
+
+
+def test_an_exception_in_a_cell_leaves_the_adapter_consistent(ip):
+    result, bundles, _ = run(ip, CUDA_CELL + "raise ValueError('user error')\n")
+    assert not result.success and isinstance(result.error_in_exec, ValueError)
+    assert len(bundles) == 1  # the ops it ran before failing are still reported
+    result, bundles, _ = run(ip, CUDA_CELL)
+    assert result.success and len(bundles) == 1
+
+
+def test_a_failing_observer_reports_itself_and_the_cell_goes_on(ip):
+    def broken(payload):
+        raise RuntimeError("observer bug")
+
+    extension.router().listeners.append(broken)
+    result, bundles, cap = run(ip, CUDA_CELL + "ok = 42\n")
+    assert result.success and ip.user_ns["ok"] == 42
+    assert len(bundles) == 1
+    assert "torch_adapter: the listener" in cap.stderr and "observer bug" in cap.stderr
+
+
+def test_adapter_magic_status_target_policy(ip):
+    run(ip, CUDA_CELL)
+    status = ip.run_line_magic("adapter", "")
+    assert status["target"] == "cpu" and status["policy"] == "allow" and status["cells"] == 1
+    assert ip.run_line_magic("adapter", "policy warn") == "torch_adapter: fallback policy warn"
+    assert ip.run_line_magic("adapter", "")["policy"] == "warn"
+    assert "off" in ip.run_line_magic("adapter", "observe off")
+    _, bundles, _ = run(ip, CUDA_CELL)
+    assert bundles == []
+    ip.run_line_magic("adapter", "observe on")
+
+
+@pytest.mark.parametrize("line,match", [
+    ("polcy warn", "unknown action 'polcy'"),
+    ("policy sometimes", "expected allow, warn or error"),
+    ("target", "expected a target name"),
+    ("target tpu", "not a backend torch_adapter knows"),
+    ("observe maybe", "expected on or off"),
+])
+def test_adapter_magic_typos_are_usage_errors(ip, line, match):
+    with pytest.raises(UsageError, match=match):
+        ip.run_line_magic("adapter", line)
+
+
+def test_adapter_trace_shows_the_full_table_with_call_sites(ip):
+    run(ip, "import torch\nw = torch.randn(4, 4, device='cuda')")
+    with capture_output() as cap:
+        ip.run_cell_magic("adapter_trace", "", "v = torch.mm(w, w)\nu = v.sum()\n")
+    log = ip.user_ns["_adapter_log"]
+    ops = {r["op"] for r in log.table()}
+    assert "aten::mm" in ops and "aten::sum" in ops
+    mm = next(r for r in log.table() if r["op"] == "aten::mm")
+    assert mm["site"] and mm["site"]["file"].startswith("<ipython-input") and mm["site"]["line"] == 1
+    html = next(o.data["text/html"] for o in cap.outputs if "text/html" in o.data and "torch-adapter-trace" in o.data["text/html"])
+    assert "aten::mm" in html
+
+
+def test_adapter_compare_interleaves_and_returns_the_data(ip):
+    run(ip, "import torch\nm = torch.nn.Linear(32, 32).cuda()\nxx = torch.randn(16, 32, device='cuda')")
+    with capture_output():
+        result = ip.run_cell_magic("adapter_compare", "--configs redirect,adapted,mps-sim -n 2 --warmup 1",
+                                   "for _ in range(3):\n    m(xx).sum().backward()\n")
+    assert list(result) == ["redirect", "adapted", "mps-sim"]
+    for name, row in result.items():
+        assert row["error"] is None and len(row["runs_s"]) == 2 and row["kept"] > 0
+    assert result["redirect"]["kept"] == 1.0
+    assert extension.router().observing  # restored afterwards
+    from torch_adapter.session import current
+
+    assert current().target.name == "cpu" and not current().target.simulated
+
+
+def test_adapter_compare_reports_a_configuration_that_cannot_run(ip):
+    if torch.cuda.is_available() and torch.version.cuda:
+        pytest.skip("plain CUDA works on this machine")
+    run(ip, "import torch")
+    with capture_output():
+        result = ip.run_cell_magic("adapter_compare", "--configs redirect,plain -n 1 --warmup 0",
+                                   "torch.ones(2, device='cuda')\n")
+    assert result["redirect"]["error"] is None
+    assert result["plain"]["error"] and result["plain"]["median_s"] is None
+
+
+@pytest.mark.parametrize("line,match", [
+    ("--configs fast,slow", "unknown configuration 'fast'"),
+    ("--configs adapted,adapted", "names a configuration twice"),
+    ("-n 0", "expected -n >= 1"),
+])
+def test_adapter_compare_bad_arguments(ip, line, match):
+    with pytest.raises(UsageError, match=match):
+        ip.run_cell_magic("adapter_compare", line, "pass\n")
+
+
+def test_inspector_updates_once_per_cell(ip):
+    inspector = ip.run_line_magic("adapter_inspector", "")
+    run(ip, CUDA_CELL)
+    run(ip, "q = 1")  # no ops: no update
+    run(ip, CUDA_CELL)
+    bars = {t.name: list(t.y) for t in inspector.figure.data}
+    payloads = extension.router().payloads
+    assert len(inspector.cells) == 2
+    assert bars["native"] == [p["counts"]["native"] for p in payloads]
+    rows = inspector.rows()
+    assert rows and rows[0]["calls"] >= rows[-1]["calls"]
+    inspector.filter.value = "relu"
+    assert {r["op"].split(".")[0] for r in inspector.rows()} <= {"aten::relu"}
+    inspector.filter.value = ""
+    inspector.sort.value = "op"
+    assert [r["op"] for r in inspector.rows()] == sorted(r["op"] for r in inspector.rows())
+    inspector.select.value = inspector.select.options[0]
+    assert "call sites" in inspector.details.value
