@@ -126,7 +126,8 @@ class AdapterMagics(Magics):
 
         Runs are interleaved (A B C A B C ...) after warm-up; the first configuration that
         runs is the baseline. Shows a chart of throughput kept (median, spread over runs)
-        and returns ``{config: {"runs_s": [...], "median_s": m, "kept": ratio, "error": str|None}}``.
+        and returns ``{config: {"runs_s": [...], "median_s": m, "kept": ratio, "error": str|None}}``
+        (also stored as ``_adapter_compare``).
         """
         args = parse_argstring(self.adapter_compare, line)
         if args.n < 1 or args.warmup < 0:
@@ -137,6 +138,7 @@ class AdapterMagics(Magics):
         code = self._compile(cell)
         result = compare(lambda: exec(code, self.shell.user_ns), configs, n=args.n, warmup=args.warmup,
                          router=self.router)
+        self.shell.user_ns["_adapter_compare"] = result
         _show_comparison(result)
         return result
 
