@@ -181,6 +181,17 @@ def test_unsupported_cuda_names_explain_why_and_what_to_use(name):
         getattr(torch.cuda, name)()
 
 
+def test_cuda_classes_stay_classes_while_installed():
+    """transformers evaluates `torch.cuda.CUDAGraph | None` at import: stand-ins must be types."""
+    classes = {n for n in torch.cuda.__all__ if isinstance(getattr(torch.cuda, n), type)}
+    torch_adapter.install("cpu")
+    still = {n for n in classes if isinstance(getattr(torch.cuda, n), type)}
+    assert still == classes, sorted(classes - still)
+    assert (torch.cuda.CUDAGraph | None) is not None
+    import transformers  # noqa: F401  (imports modules with such annotations)
+    from transformers import CLIPTextModel  # noqa: F401
+
+
 def test_answered_cuda_names_are_callable_or_values():
     torch_adapter.install("cpu")
     for name, (how, _) in cuda_ns.TABLE.items():

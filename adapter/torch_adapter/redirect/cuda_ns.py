@@ -227,17 +227,32 @@ def _legacy_tensor_class(dtype_name: str, mapper: Any) -> type:
                                   "__doc__": f"{legacy}, answered by torch_adapter on the target."})
 
 
-def _unsupported(name: str) -> Callable[..., Any]:
+def _unsupported(name: str, original: Any) -> Any:
+    """A stand-in that raises when used. Classes stay classes (``torch.cuda.CUDAGraph | None``
+    annotations, ``isinstance`` checks and subclassing keep working); only making one raises."""
     why = TABLE[name][1]
 
-    def fn(*args: Any, **kwargs: Any) -> Any:
+    def fail(*args: Any, **kwargs: Any) -> Any:
         raise UnsupportedCudaFeature(format_error(
             f"torch.cuda.{name}", "a CUDA device", "a torch_adapter target without CUDA",
             why=f"{name}: {why}", fix=_FIXES.get(name, "guard this call with torch.version.cuda, or remove it")))
 
-    fn.__name__ = name
-    fn.__qualname__ = name
-    return fn
+    if isinstance(original, type):
+        class _Meta(type):
+            def __instancecheck__(cls, obj: Any) -> bool:
+                return isinstance(obj, original)
+
+            def __subclasscheck__(cls, sub: type) -> bool:
+                return issubclass(sub, original)
+
+        def __new__(cls: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807
+            return fail()
+
+        return _Meta(name, (), {"__new__": __new__, "__doc__": f"torch.cuda.{name}: unsupported off CUDA ({why}).",
+                                "__module__": "torch.cuda", "__torch_adapter_original__": original})
+    fail.__name__ = name
+    fail.__qualname__ = name
+    return fail
 
 
 _FIXES = {
@@ -424,7 +439,7 @@ class StandIn:
 
         for n, (how, _) in TABLE.items():
             if how == U:
-                ns[n] = _unsupported(n)
+                ns[n] = _unsupported(n, getattr(torch.cuda, n, None))
         return ns
 
 
