@@ -61,7 +61,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "optimize": ("routing.optimize", None),
     "profiler": ("profiler", None),
     "debug": ("debug", None),
-    "export": ("export", "export"),
+    "export": ("exporting", "export"),
     "memory": ("memory", None),
     "load_ipython_extension": ("jupyter.extension", "load_ipython_extension"),
     "unload_ipython_extension": ("jupyter.extension", "unload_ipython_extension"),
