@@ -35,6 +35,7 @@ __all__ = [
     "debug",
     "export",
     "memory",
+    "coverage",
     "redirect_log",
     "errors",
     "load_ipython_extension",
@@ -63,6 +64,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "debug": ("debug", None),
     "export": ("exporting", "export"),
     "memory": ("memory", None),
+    "coverage": ("coverage", None),
     "load_ipython_extension": ("jupyter.extension", "load_ipython_extension"),
     "unload_ipython_extension": ("jupyter.extension", "unload_ipython_extension"),
 }

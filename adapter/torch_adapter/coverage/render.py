@@ -1,0 +1,158 @@
+"""Pure renderings of a :class:`~torch_adapter.coverage.data.CoverageReport`: a rich table
+(:func:`rich_table`, :func:`render_text`), JSON (:func:`render_json`) and Markdown
+(:func:`render_markdown`, used for docs/coverage.md). The HTML page is in :mod:`.html_page`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from .data import ROUTES, CoverageReport, CoverageRow, FallbackOp
+
+__all__ = ["rich_table", "render_text", "render_json", "render_markdown", "fallback_text", "fallback_lines", "pct"]
+
+
+def pct(value: float) -> str:
+    """``97.8 %``-style text (one decimal; ``<0.1`` for small non-zero shares)."""
+    if 0 < value < 0.05:
+        return "<0.1"
+    return f"{value:.1f}"
+
+
+def fallback_text(f: FallbackOp, *, reason: bool = False) -> str:
+    """``aten::op ×3`` (+ where it was a piece, + why, when asked)."""
+    text = f"{f.op} ×{f.calls}"
+    if f.inside:
+        text += f" (in {', '.join(f.inside)})"
+    if f.host_selected:
+        text += " (host-selected)"
+    if reason:
+        text += f": {f.reason}"
+    return text
+
+
+def _shares(row: CoverageRow, kind: str) -> str:
+    p = row.calls_pct if kind == "calls" else row.ops_pct
+    return f"{pct(p['native'])} {pct(p['composite'])} {pct(p['fallback'])}"
+
+
+def rich_table(report: CoverageReport, *, reasons: bool = False, fallbacks: bool = True) -> Any:
+    """A ``rich.table.Table``: one line per model × target, shares as native / composite /
+    fallback percentages by calls and by distinct ops, and (``fallbacks``) the top fallback ops."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="Op coverage of one training step (N native, C composite, F fallback)",
+                  caption=f"{report.scope}\n{report.counting}", caption_justify="left")
+    cols = [("model", "left"), ("target", "left"), ("calls", "right"), ("by calls %\nN C F", "right"),
+            ("ops", "right"), ("by ops %\nN C F", "right")]
+    if fallbacks:
+        cols.append(("F in\ncomp.", "right"))
+    for col, justify in cols:
+        table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    if fallbacks:
+        table.add_column("top fallback ops (calls)", overflow="fold", min_width=24)
+    previous = None
+    for row in report.rows:
+        model = row.model if row.model != previous else ""
+        previous = row.model
+        if row.error:
+            table.add_row(model, row.target, "", "", "", "", *(("", f"[red]step failed: {escape(row.error)}[/]")
+                                                              if fallbacks else ()))
+            continue
+        fb = row.calls_pct["fallback"]
+        style = "green" if fb == 0 else ("yellow" if fb < 1 else "red")
+        cells = [model, row.target, str(row.total_calls), f"[{style}]{_shares(row, 'calls')}[/]",
+                 str(row.total_ops), _shares(row, "ops")]
+        if fallbacks:
+            cells.append(str(row.nested_calls["fallback"] or ""))
+            cells.append("\n".join(escape(fallback_text(f, reason=reasons)) for f in row.top_fallbacks) or "—")
+        table.add_row(*cells)
+    return table
+
+
+def fallback_lines(report: CoverageReport, *, reasons: bool = True) -> list[str]:
+    """Each row's fallback ops as text lines (top level, then inside composite ops)."""
+    lines = []
+    for row in report.rows:
+        if row.error:
+            lines.append(f"{row.model} on {row.target}: step failed: {row.error}")
+        elif row.top_fallbacks or row.nested_fallbacks:
+            lines.append(f"{row.model} on {row.target}:")
+            lines += [f"  {fallback_text(f, reason=reasons)}" for f in (*row.top_fallbacks, *row.nested_fallbacks)]
+    return lines
+
+
+def render_text(report: CoverageReport, *, width: int = 160, reasons: bool = False) -> str:
+    """The rich table as plain text (no colour codes). Narrower than 130 columns, the fallback
+    ops are listed under the table instead of in it."""
+    from rich.console import Console
+
+    wide = width >= 130
+    with open(os.devnull, "w") as sink:
+        console = Console(width=width, record=True, file=sink, color_system=None)
+        console.print(rich_table(report, reasons=reasons, fallbacks=wide))
+        if not wide:
+            from rich.text import Text
+
+            for line in fallback_lines(report, reasons=reasons):
+                console.print(Text(line))
+        return console.export_text()
+
+
+def render_json(report: CoverageReport, *, indent: int | None = 1) -> str:
+    """The report as JSON, schema ``torch-adapter.coverage`` version 1 (see :mod:`.data`)."""
+    return json.dumps(report.to_dict(), indent=indent) + "\n"
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_markdown(report: CoverageReport, *, title: str = "Op coverage by model family × target",
+                    preamble: str = "", appendix: str = "") -> str:
+    """A Markdown page: the summary table by calls and by distinct ops, then every row's
+    fallback ops with reasons. ``preamble``/``appendix`` are inserted as they are."""
+    lines = [f"# {title}", ""]
+    if preamble:
+        lines += [preamble.strip(), "", "## Measured coverage", ""]
+    lines += [f"> **Scope.** {report.scope}", ">", f"> **Counting.** {report.counting}", ""]
+    if report.torch_version:
+        lines.append(f"Measured with torch {report.torch_version}; targets: {', '.join(report.targets)}.")
+        lines.append("")
+    lines += ["Shares in %: by op calls, then by distinct ops. The last column counts fallback calls made "
+              "inside composite ops (not in the shares).", "",
+              "| model | target | calls | native | composite | fallback | ops | native | composite | fallback "
+              "| fallback calls in composites |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for row in report.rows:
+        if row.error:
+            lines.append(f"| {row.model} | {row.target} | | | | | | | | | step failed: {_md(row.error)} |")
+            continue
+        c, o = row.calls_pct, row.ops_pct
+        lines.append(f"| {row.model} | {row.target} | {row.total_calls} | "
+                     + " | ".join(pct(c[r]) for r in ROUTES) + f" | {row.total_ops} | "
+                     + " | ".join(pct(o[r]) for r in ROUTES) + f" | {row.nested_calls['fallback']} |")
+    lines += ["", "## Fallback ops per model and target", "",
+              "Called by the program (top level), then pieces of composite ops that ran on the CPU. "
+              "*host-selected*: the CPU host picked this kernel inside a composite op; a real target "
+              "picks its own, so the fallback is an artefact of simulating on this machine.", ""]
+    for row in report.rows:
+        if not (row.top_fallbacks or row.nested_fallbacks):
+            continue
+        lines.append(f"**{row.model} on {row.target}**")
+        lines.append("")
+        for f in row.top_fallbacks:
+            lines.append(f"- `{f.op}` ×{f.calls}: {_md(f.reason)}" + (" *(host-selected)*" if f.host_selected else ""))
+        for f in row.nested_fallbacks:
+            lines.append(f"- `{f.op}` ×{f.calls} inside {', '.join(f'`{p}`' for p in f.inside)}: {_md(f.reason)}"
+                         + (" *(host-selected)*" if f.host_selected else ""))
+        lines.append("")
+    clean = [f"{r.model} on {r.target}" for r in report.rows if not (r.top_fallbacks or r.nested_fallbacks or r.error)]
+    if clean:
+        lines += ["No fallback at all: " + ", ".join(clean) + ".", ""]
+    if appendix:
+        lines += [appendix.strip(), ""]
+    return "\n".join(lines)
