@@ -1,0 +1,235 @@
+"""``torch-adapter check``: the command line of the compatibility report.
+
+``register(subparsers)`` adds the ``check`` sub-command to ``torch-adapter``;
+``python -m torch_adapter.check`` runs it on its own (:func:`main`). Exit codes:
+
+* 0 -- no finding at or above ``--fail-on`` (default ``error``: ❌ will not run);
+* 1 -- findings at or above ``--fail-on`` (``warn``: ⚠️ needs review or worse);
+* 2 -- usage or I/O errors (bad path or option, unreadable rule file, report not
+  writable, ``--run`` produced no routing log).
+
+Only ``--output`` is written (atomically: a temporary file in the same folder, renamed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckError, format_error
+
+__all__ = ["register", "run", "main", "build_parser", "write_atomic", "EXIT_CLEAN", "EXIT_FINDINGS", "EXIT_ERROR"]
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+_FAIL_RANK = {"warn": 1, "error": 2, "never": 99}
+_FORMATS = {".html": "html", ".htm": "html", ".json": "json"}
+_HELP = "report what in a project is CUDA-specific and how it runs on a target (static + runtime)"
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    from .discover import DEFAULT_MAX_SIZE
+    from .engine import TARGET_NAMES
+
+    p.add_argument("path", nargs="?", metavar="PATH", help="the folder or file to check (or --path)")
+    p.add_argument("--path", dest="path_opt", metavar="PATH", help="the folder or file to check")
+    p.add_argument("--target", default="any", choices=TARGET_NAMES,
+                   help="the target to report for (default any: generic wording, every rule)")
+    p.add_argument("--simulate", action="store_true", help="with --run: simulate TARGET on this machine")
+    p.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE (.html or .json)")
+    p.add_argument("--format", choices=("html", "json"), help="report format (default: from --output's suffix)")
+    p.add_argument("--run", metavar="CMD", help='also run CMD under the adapter and join op coverage, '
+                                                'e.g. --run "python train.py --steps 1"')
+    p.add_argument("--run-timeout", type=float, metavar="S", help="stop the --run command after S seconds")
+    p.add_argument("--fail-on", choices=tuple(_FAIL_RANK), default="error",
+                   help="exit 1 for findings at or above: warn (review or worse), error (will not run; "
+                        "default), never")
+    p.add_argument("--rules", action="append", default=[], metavar="FILE",
+                   help="add rules from a TOML file (repeatable); see docs/check.md")
+    p.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                   help="skip files/folders matching GLOB (repeatable; hidden folders, __pycache__, "
+                        "node_modules and site-packages are always skipped)")
+    p.add_argument("--max-file-size", type=float, default=DEFAULT_MAX_SIZE / 1e6, metavar="MB",
+                   help=f"skip larger files with a note (default {DEFAULT_MAX_SIZE / 1e6:g})")
+    p.add_argument("--jobs", "-j", type=int, default=0, metavar="N", help="worker processes (default: CPUs)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no terminal summary")
+    p.add_argument("--details", action="store_true", help="list every finding in the terminal summary")
+    p.add_argument("--list-rules", nargs="?", const="text", choices=("text", "md", "json"),
+                   help="print the rule table (text, md or json) and exit")
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``check`` to a ``torch-adapter`` sub-parsers object."""
+    p = subparsers.add_parser("check", help=_HELP, description=_HELP + ".",
+                              epilog="exit codes: 0 clean, 1 findings at or above --fail-on, 2 usage or I/O errors")
+    _add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="torch-adapter check", description=_HELP + ".",
+                                epilog="exit codes: 0 clean, 1 findings at or above --fail-on, 2 usage or I/O errors")
+    _add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m torch_adapter.check ...``"""
+    args = build_parser().parse_args(argv)
+    return run(args)
+
+
+def _usage(expected: str, got: str, fix: str, why: str = "") -> CheckError:
+    return CheckError(format_error("torch-adapter check", expected, got, why=why, fix=fix))
+
+
+def _format_for(args: argparse.Namespace) -> str | None:
+    if args.output is None:
+        if args.format:
+            raise _usage("--output FILE with --format", f"--format {args.format} without --output",
+                         "add --output report." + args.format)
+        return None
+    if Path(args.output).is_dir():
+        raise _usage("--output naming a file", f"{args.output!r} (a folder)", "e.g. --output report.html")
+    fmt = args.format or _FORMATS.get(Path(args.output).suffix.lower())
+    if fmt is None:
+        raise _usage("--output ending in .html or .json (or --format)", repr(args.output),
+                     "e.g. --output report.html")
+    parent = Path(args.output).absolute().parent
+    if not parent.is_dir():
+        raise _usage("--output in an existing folder", repr(args.output), f"create {parent} first")
+    return fmt
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same folder and a rename."""
+    target = Path(path).absolute()
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``check`` for parsed ``args``; returns the exit code."""
+    from rich.console import Console
+
+    console = Console(stderr=False, highlight=False)
+    err = Console(stderr=True, highlight=False)
+    try:
+        if args.list_rules:
+            return _list_rules(args, console)
+        return _check(args, console, err)
+    except CheckError as exc:
+        msg = str(exc)
+        print(msg if msg.startswith("torch-adapter check") else f"torch-adapter check: {msg}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _list_rules(args: argparse.Namespace, console: Any) -> int:
+    from .render_rules import rule_rows, rules_json, rules_markdown, rules_renderable
+    from .ruleset import build_ruleset, load_rule_file
+    from .rules import RUNTIME_RULES
+
+    rs = build_ruleset([(f, load_rule_file(f)) for f in args.rules])
+    rows = rule_rows(rs.rules, RUNTIME_RULES)
+    if args.list_rules == "md":
+        sys.stdout.write(rules_markdown(rows))
+    elif args.list_rules == "json":
+        sys.stdout.write(rules_json(rows))
+    else:
+        console.print(rules_renderable(rows))
+    return EXIT_CLEAN
+
+
+def _check(args: argparse.Namespace, console: Any, err: Any) -> int:
+    from .discover import DEFAULT_EXCLUDES
+    from .engine import scan
+    from .model import SEVERITY_RANK
+    from .ruleset import load_rule_file
+
+    if args.path and args.path_opt and Path(args.path) != Path(args.path_opt):
+        raise _usage("one path", f"{args.path!r} and --path {args.path_opt!r}", "give the path once")
+    path = args.path or args.path_opt
+    if not path:
+        raise _usage("a folder or file to check", "no path", "e.g. torch-adapter check --path ./project")
+    if not os.path.exists(path):
+        raise _usage("an existing folder or file", repr(path), "check the path", why="it does not exist")
+    if args.max_file_size <= 0 or args.jobs < 0:
+        raise _usage("--max-file-size > 0 and --jobs >= 0", f"{args.max_file_size}, {args.jobs}", "fix the value")
+    fmt = _format_for(args)
+    user_rules = [(f, load_rule_file(f)) for f in args.rules]
+    show_progress = not args.quiet and err.is_terminal
+    progress = None
+    if show_progress:
+        from .render_terminal import make_progress
+
+        bar = make_progress(err)
+        task = bar.add_task("check", total=None)
+        bar.start()
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+    try:
+        report = scan(path, user_rules=user_rules, target=args.target, simulate=args.simulate, jobs=args.jobs,
+                      max_file_size=int(args.max_file_size * 1e6),
+                      excludes=DEFAULT_EXCLUDES + tuple(args.exclude), progress=progress)
+    finally:
+        if show_progress:
+            bar.stop()
+    failed_run = False
+    if args.run:
+        failed_run = _runtime(args, report)
+    if fmt is not None:
+        if fmt == "html":
+            from .render_html import render_html as render
+        else:
+            from .render_json import render_json as render
+        try:
+            write_atomic(args.output, render(report))
+        except OSError as exc:
+            raise _usage("a writable --output", repr(args.output), "choose another place",
+                         why=exc.strerror or str(exc)) from None
+    if not args.quiet:
+        from .render_terminal import summary_renderables
+
+        console.print(*summary_renderables(report, details=args.details))
+        if fmt is not None:
+            console.print(f"report written to {args.output}")
+        elif report.findings and not args.details:
+            console.print("every finding, with excerpts and alternatives: --output report.html "
+                          "(or --details here)")
+    if failed_run:
+        note = next(n for n in report.notes if n.kind == "run-failed")
+        print(f"torch-adapter check: --run: {note.message}", file=sys.stderr)
+        return EXIT_ERROR
+    worst = report.worst()
+    if worst is not None and SEVERITY_RANK[worst] >= _FAIL_RANK[args.fail_on]:
+        return EXIT_FINDINGS
+    return EXIT_CLEAN
+
+
+def _runtime(args: argparse.Namespace, report: Any) -> bool:
+    """Run ``--run`` and join its log; True when no routing log came back."""
+    from .model import Note
+    from .runtime import join_runtime, parse_command, run_traced
+
+    parse_command(args.run)  # usage errors before anything runs
+    log, code, tail = run_traced(args.run, target=args.target, simulate=args.simulate, timeout=args.run_timeout)
+    if log is None:
+        last = next((ln for ln in reversed(tail) if ln.strip()), "")
+        report.notes.append(Note("", "run-failed", f"the command exited with status {code} and wrote no "
+                                                   f"routing log{': ' + last if last else ''}"))
+        return True
+    join_runtime(report, log, command=[args.run], exit_code=code, stderr_tail=tail)
+    return False

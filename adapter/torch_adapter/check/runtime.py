@@ -1,0 +1,270 @@
+"""The runtime part of ``check``: run a command under the adapter, read its routing log,
+and join op coverage into the static report.
+
+``--run "python train.py --steps 1"`` becomes ``python -m torch_adapter run --target T
+[--simulate] --report-json TMP -- train.py --steps 1``; TMP (a temporary directory,
+removed afterwards) then holds a ``torch-adapter.routing-log`` JSON document (see
+``docs/check.md``). :func:`join_runtime` is pure: it takes such a document and a report and
+adds the runtime section -- ops x route x user call sites, coverage shares, the top
+fallback ops with the lines that caused them -- plus findings on the project's lines
+(RT001: ops there fall back to the CPU; RT002: the command failed, at its last project
+frame) and, from the redirect log, what each statically found line became at run time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckError, format_error
+from .model import FallbackOp, Finding, Note, OpRow, Report, RuntimeSection, SiteRef
+
+__all__ = ["parse_command", "run_traced", "load_routing_log", "validate_routing_log", "join_runtime",
+           "LOG_SCHEMA", "LOG_VERSION", "ROUTES"]
+
+LOG_SCHEMA = "torch-adapter.routing-log"
+LOG_VERSION = 1
+ROUTES = ("native", "composite", "fallback")
+TOP_FALLBACKS = 10
+_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$")
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
+
+
+def parse_command(command: str) -> list[str]:
+    """``"python train.py --steps 1"`` -> the arguments for ``torch_adapter run`` after its options.
+
+    Accepted: ``python SCRIPT [ARGS]``, ``python -m MODULE [ARGS]``, ``SCRIPT.py [ARGS]``.
+    """
+    try:
+        tokens = shlex.split(command)
+    except ValueError as exc:
+        raise CheckError(format_error("torch-adapter check --run", 'a shell-like command, e.g. "python train.py"',
+                                      repr(command), why=str(exc), fix="balance the quotes")) from None
+    if tokens and _PYTHON.match(os.path.basename(tokens[0])):
+        tokens = tokens[1:]
+        if tokens[:1] == ["-m"] and len(tokens) >= 2:
+            return ["-m", "--", *tokens[1:]]
+        if tokens and not tokens[0].startswith("-"):
+            return ["--", *tokens]
+    elif tokens and tokens[0].endswith(".py"):
+        return ["--", *tokens]
+    raise CheckError(format_error(
+        "torch-adapter check --run", '"python SCRIPT [ARGS]" or "python -m MODULE [ARGS]"', repr(command),
+        why="the command is run as `torch-adapter run` so that its ops are traced",
+        fix='e.g. --run "python train.py --steps 1"; for torchrun use '
+            "`torchrun ... -m torch_adapter run --report-json PATH train.py` and check the log"))
+
+
+def run_traced(command: str, *, target: str = "auto", simulate: bool = False, cwd: str | None = None,
+               timeout: float | None = None) -> tuple[dict[str, Any] | None, int, list[str]]:
+    """Run ``command`` under ``torch_adapter run``; return (routing log or None, exit code,
+    the last lines of its stderr, which is also passed through to ours)."""
+    tail_args = parse_command(command)
+    module = tail_args[0] == "-m"
+    tmpdir = tempfile.mkdtemp(prefix="torch-adapter-check-")
+    log_path = os.path.join(tmpdir, "routing.json")
+    argv = [sys.executable, "-m", "torch_adapter", "run", "--target", "auto" if target == "any" else target]
+    argv += ["--simulate"] if simulate else []
+    argv += ["--report-json", log_path] + (["-m"] if module else []) + tail_args[1 if module else 0:]
+    tail: deque[str] = deque(maxlen=200)
+    try:
+        try:
+            proc = subprocess.Popen(argv, cwd=cwd, stderr=subprocess.PIPE, text=True, errors="replace")
+        except OSError as exc:
+            raise CheckError(format_error("torch-adapter check --run", "a command that can start", repr(command),
+                                          why=exc.strerror or str(exc), fix="check the interpreter")) from None
+        try:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                sys.stderr.write(line)
+                tail.append(line.rstrip("\n"))
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            code = -9
+            tail.append(f"torch-adapter check: the command ran longer than {timeout} s and was stopped")
+        log = None
+        if os.path.exists(log_path):
+            log = load_routing_log(log_path)
+        return log, code, list(tail)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def load_routing_log(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and validate a routing log JSON file (CheckError says what is wrong)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CheckError(format_error("torch-adapter check (routing log)", "a readable JSON file", str(path),
+                                      why=exc.strerror or str(exc), fix="check the path")) from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckError(format_error("torch-adapter check (routing log)", "valid JSON", str(path),
+                                      why=str(exc), fix="pass the file written by `torch-adapter run --report-json`")) from None
+    return validate_routing_log(data, str(path))
+
+
+def _bad(where: str, expected: str, got: Any) -> CheckError:
+    return CheckError(format_error(f"torch-adapter check (routing log {where})", expected,
+                                   f"{got!r} ({type(got).__name__})",
+                                   why=f"the runtime join reads schema {LOG_SCHEMA!r} version {LOG_VERSION}",
+                                   fix="pass the file written by `torch-adapter run --report-json PATH`"))
+
+
+def validate_routing_log(data: Any, where: str = "<data>") -> dict[str, Any]:
+    """``data`` if it is a routing log of the supported schema, else CheckError."""
+    if not isinstance(data, dict) or data.get("schema") != LOG_SCHEMA or data.get("version") != LOG_VERSION:
+        got = {k: data.get(k) for k in ("schema", "version")} if isinstance(data, dict) else data
+        raise _bad(where, f'{{"schema": "{LOG_SCHEMA}", "version": {LOG_VERSION}, ...}}', got)
+    ops = data.get("ops")
+    if not isinstance(ops, list):
+        raise _bad(where, '"ops": a list', ops)
+    for i, row in enumerate(ops):
+        if not isinstance(row, dict) or not isinstance(row.get("op"), str) or row.get("route") not in ROUTES:
+            raise _bad(f"{where}, ops[{i}]", f'{{"op": str, "route": one of {ROUTES}, ...}}', row)
+        if not isinstance(row.get("calls", 0), int) or not isinstance(row.get("self_time_ms", 0.0), (int, float)):
+            raise _bad(f"{where}, ops[{i}]", '"calls": int and "self_time_ms": number', row)
+        site = row.get("site")
+        if site is not None and not (isinstance(site, dict) and isinstance(site.get("file"), str)
+                                     and isinstance(site.get("line"), int)):
+            raise _bad(f"{where}, ops[{i}].site", '{"file": str, "line": int, "function": str} or null', site)
+    return data
+
+
+class _Sites:
+    """Turns a log's file paths into report paths and reads excerpts (cached)."""
+
+    def __init__(self, root: Path, cwd: Path) -> None:
+        self.root = root if root.is_dir() else root.parent
+        self.cwd = cwd
+        self._lines: dict[str, list[str] | None] = {}
+
+    def ref(self, file: str, line: int, function: str = "") -> SiteRef:
+        p = Path(file)
+        p = p if p.is_absolute() else self.cwd / p
+        try:
+            rel = p.resolve().relative_to(self.root.resolve()).as_posix()
+        except (ValueError, OSError):
+            return SiteRef(file, line, function, in_project=False)
+        return SiteRef(rel, line, function, in_project=True, excerpt=self.line(rel, line))
+
+    def line(self, rel: str, line: int) -> str | None:
+        if rel not in self._lines:
+            try:
+                self._lines[rel] = (self.root / rel).read_text(encoding="utf-8", errors="replace").split("\n")
+            except OSError:
+                self._lines[rel] = None
+        lines = self._lines[rel]
+        return lines[line - 1].strip() if lines and 0 < line <= len(lines) else None
+
+
+def join_runtime(report: Report, log: dict[str, Any], *, command: list[str] | None = None,
+                 exit_code: int | None = 0, stderr_tail: list[str] | None = None,
+                 cwd: str | os.PathLike[str] | None = None) -> Report:
+    """Add ``log`` (a validated routing log) to ``report``: the runtime section, RT001/RT002
+    findings on project lines, and run-time notes on static findings. Returns ``report``."""
+    from .engine import target_facts
+    from .rules import RUNTIME_RULES
+
+    log = validate_routing_log(log)
+    sites = _Sites(Path(report.root), Path(cwd) if cwd else Path.cwd())
+    target = str(log.get("target") or report.target)
+    facts = target_facts(target if report.target == "any" else report.target)
+    rows = [OpRow(op=r["op"], route=r["route"], calls=int(r.get("calls", 0)),
+                  self_time_ms=float(r.get("self_time_ms", 0.0)), bytes_copied=int(r.get("bytes_copied", 0)),
+                  reason=str(r.get("reason") or ""), via=r.get("via"), parent=r.get("parent"),
+                  site=sites.ref(r["site"]["file"], r["site"]["line"], r["site"].get("function", ""))
+                  if r.get("site") else None)
+             for r in log["ops"]]
+    order = {route: i for i, route in enumerate(("fallback", "composite", "native"))}
+    rows.sort(key=lambda r: (order[r.route], -r.calls, r.op))
+    section = RuntimeSection(
+        command=list(command or []), target=target, simulated=bool(log.get("simulated", False)),
+        exit_code=exit_code,
+        ops_by_route={route: len({r.op for r in rows if r.route == route}) for route in ROUTES},
+        calls_by_route={route: sum(r.calls for r in rows if r.route == route) for route in ROUTES},
+        ops=rows)
+    grouped: dict[str, FallbackOp] = {}
+    for r in rows:
+        if r.route != "fallback":
+            continue
+        g = grouped.setdefault(r.op, FallbackOp(r.op, 0, 0.0, 0, r.reason))
+        g.calls += r.calls
+        g.self_time_ms += r.self_time_ms
+        g.bytes_copied += r.bytes_copied
+        if r.site is not None and all((s.file, s.line) != (r.site.file, r.site.line) for s in g.sites):
+            g.sites.append(r.site)
+    section.top_fallbacks = sorted(grouped.values(), key=lambda g: (-g.calls, -g.self_time_ms, g.op))[:TOP_FALLBACKS]
+    report.runtime = section
+    meta = {r["id"]: r for r in RUNTIME_RULES}
+    _fallback_findings(report, rows, meta["RT001"], facts)
+    if exit_code not in (0, None):
+        _failure_finding(report, stderr_tail or [], sites, meta["RT002"], facts, exit_code)
+    _redirect_notes(report, log.get("redirects") or [], sites)
+    report.findings.sort(key=lambda f: (f.file, f.start_line, f.col, f.rule_id))
+    return report
+
+
+def _fallback_findings(report: Report, rows: list[OpRow], rule: dict[str, Any], facts: dict[str, str]) -> None:
+    by_line: dict[tuple[str, int], list[OpRow]] = {}
+    for r in rows:
+        if r.route == "fallback" and r.site is not None and r.site.in_project:
+            by_line.setdefault((r.site.file, r.site.line), []).append(r)
+    for (file, line), ops in sorted(by_line.items()):
+        detail = "; ".join(f"{o.op} ({o.calls} calls, {o.self_time_ms:.2f} ms, {o.bytes_copied} bytes copied"
+                           f"{', ' + o.reason if o.reason else ''})" for o in ops)
+        _add(report, rule, facts, file, line, ops[0].site.excerpt if ops[0].site else None, f" Ops: {detail}.")
+
+
+def _failure_finding(report: Report, tail: list[str], sites: _Sites, rule: dict[str, Any],
+                     facts: dict[str, str], code: int) -> None:
+    last, last_frame = None, -1
+    for i, line in enumerate(tail):
+        m = _FRAME.match(line)
+        if m:
+            last_frame = i
+            ref = sites.ref(m.group("file"), int(m.group("line")))
+            if ref.in_project:
+                last = ref
+    # the exception line: the first unindented line after the last frame (else the last line)
+    after = [ln.strip() for ln in tail[last_frame + 1:] if ln.strip() and not ln.startswith((" ", "\t"))]
+    error = after[0] if after else next((ln.strip() for ln in reversed(tail) if ln.strip()), "")
+    if last is None:
+        report.notes.append(Note("", "run-failed", f"the command exited with status {code}: {error}"))
+        return
+    _add(report, rule, facts, last.file, last.line, last.excerpt, f" Exit status {code}: {error}")
+
+
+def _add(report: Report, rule: dict[str, Any], facts: dict[str, str], file: str, line: int,
+         excerpt: str | None, extra: str) -> None:
+    report.findings.append(Finding(
+        rule_id=rule["id"], severity=rule["severity"], title=rule["title"], file=file, start_line=line,
+        end_line=line, col=1, excerpt=excerpt or "", message=rule["message"].format_map(facts) + extra,
+        alternative=rule["alternative"].format_map(facts), docs="", language="python"))
+    report.rules.setdefault(rule["id"], {"id": rule["id"], "title": rule["title"], "severity": rule["severity"],
+                                         "docs": "", "source": "runtime"})
+
+
+def _redirect_notes(report: Report, redirects: list[Any], sites: _Sites) -> None:
+    seen: dict[tuple[str, int], list[str]] = {}
+    for e in redirects:
+        if not isinstance(e, dict) or not isinstance(e.get("file"), str) or not isinstance(e.get("line"), int):
+            continue
+        ref = sites.ref(e["file"], e["line"])
+        if ref.in_project:
+            seen.setdefault((ref.file, ref.line), []).append(
+                f"{e.get('asked', '?')} -> {e.get('became', '?')} ({e.get('count', 1)}x)")
+    for f in report.findings:
+        notes = seen.get((f.file, f.start_line))
+        if notes and f.cell is None:
+            f.runtime = "ran: " + "; ".join(notes)
