@@ -193,3 +193,16 @@ def test_inspector_updates_once_per_cell(ip):
     assert [r["op"] for r in inspector.rows()] == sorted(r["op"] for r in inspector.rows())
     inspector.select.value = inspector.select.options[0]
     assert "call sites" in inspector.details.value
+
+
+def test_adapter_check_shows_the_report_inline(ip, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nmodel = torch.nn.Linear(2, 2).cuda()\nimport flash_attn\n")
+    with capture_output() as cap:
+        report = ip.run_line_magic("adapter_check", str(script))
+    lines = {(f.rule_id if hasattr(f, "rule_id") else f.rule, f.start_line) for f in report.findings}
+    assert any(line == 2 for _, line in lines) and any(line == 3 for _, line in lines)
+    html = next(o.data["text/html"] for o in cap.outputs if "text/html" in o.data)
+    assert html.startswith("<iframe") and "srcdoc=" in html
+    with pytest.raises(UsageError, match="no such path"):
+        ip.run_line_magic("adapter_check", str(tmp_path / "missing"))

@@ -157,21 +157,29 @@ class AdapterMagics(Magics):
     # -- %adapter_check ----------------------------------------------------------------------
     @magic_arguments()
     @argument("path", help="a file or folder to scan")
-    @argument("--target", default="npu", help="the target to check against (default npu)")
+    @argument("--target", default="any", help="the target to check against (default any)")
     @line_magic
     def adapter_check(self, line: str) -> Any:
         """Scan PATH for CUDA-specific code and show the compatibility report inline."""
         args = parse_argstring(self.adapter_check, line)
-        try:
-            from ..check import api as check_api
-        except ImportError as exc:
-            raise UsageError(f"%adapter_check: the check engine is not available ({exc})")
-        report = check_api.scan(args.path, target=args.target)
-        from IPython.display import HTML, display
+        import os
 
-        page = check_api.render_html(report)
-        display(HTML(f'<iframe style="width:100%;height:600px;border:1px solid #ddd" '
-                     f'srcdoc="{html.escape(page, quote=True)}"></iframe>'))
+        from .. import check
+
+        if not os.path.exists(args.path):
+            raise UsageError(f"%adapter_check: expected a file or folder to scan; got {args.path!r} (no such path)")
+        report = check.scan(args.path, target=args.target)
+        from IPython.display import display
+
+        page = check.render_html(report)
+        counts: dict[str, int] = {}
+        for f in report.findings:
+            counts[f.severity] = counts.get(f.severity, 0) + 1
+        text = f"torch-adapter check {args.path}: {len(report.findings)} findings " + \
+            ", ".join(f"{n} {sev}" for sev, n in sorted(counts.items()))
+        display({"text/plain": text,
+                 "text/html": f'<iframe style="width:100%;height:600px;border:1px solid #ddd" '
+                              f'srcdoc="{html.escape(page, quote=True)}"></iframe>'}, raw=True)
         return report
 
 
