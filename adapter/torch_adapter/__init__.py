@@ -81,5 +81,10 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where JupyterLab finds the built extension (``jupyter labextension develop .``)."""
+    return [{"src": "labextension", "dest": "torch-adapter-labextension"}]
+
+
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,180 @@
+/**
+ * The kernel → Lab contract, read in one place (its Python twin is
+ * torch_adapter/jupyter/schema.py; the table is in docs/jupyter.md).
+ *
+ * After each cell that ran aten ops the kernel sends one payload twice: as a
+ * display output under {@link MIME} and as the data of a comm it opens (target
+ * {@link COMM_TARGET}) and closes at once. Pure: no JupyterLab imports.
+ */
+
+export const MIME = 'application/vnd.torch-adapter.routing+json';
+export const COMM_TARGET = 'torch_adapter';
+export const SCHEMA = 'torch-adapter.cell-routing';
+/** The newest payload version this extension knows. */
+export const VERSION = 1;
+/** The cell-metadata key under which the opt-in summary is kept. */
+export const METADATA_KEY = 'torch_adapter';
+
+export type Route = 'native' | 'composite' | 'fallback';
+export const ROUTES: readonly Route[] = ['native', 'composite', 'fallback'];
+
+export interface IRouteCounts {
+  native: number;
+  composite: number;
+  fallback: number;
+}
+
+export interface ISessionTotals extends IRouteCounts {
+  cells: number;
+}
+
+export interface IFallbackOp {
+  op: string;
+  calls: number;
+  reason: string;
+  site: string | null;
+}
+
+/** One cell's routing: schema `torch-adapter.cell-routing`, version 1. */
+export interface IRoutingPayload {
+  schema: string;
+  version: number;
+  cell_id: string | null;
+  execution_count: number | null;
+  target: string;
+  simulated: boolean;
+  policy: string;
+  /** Op calls of this cell per route. */
+  counts: IRouteCounts;
+  /** Distinct ops of this cell per route. */
+  ops: IRouteCounts;
+  top_fallbacks: IFallbackOp[];
+  wall_ms: number | null;
+  op_time_ms: number | null;
+  bytes_copied: number;
+  /** Kernel totals since `%load_ext torch_adapter` (null when absent). */
+  session: ISessionTotals | null;
+}
+
+export type ParseResult =
+  | { ok: true; payload: IRoutingPayload; warning: string | null }
+  | { ok: false; error: string };
+
+type Dict = { [key: string]: unknown };
+
+function isDict(value: unknown): value is Dict {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+function isCount(value: unknown): value is number {
+  return typeof value === 'number' && Number.isFinite(value) && value >= 0;
+}
+
+function describe(value: unknown): string {
+  if (value === null) {
+    return 'null';
+  }
+  if (Array.isArray(value)) {
+    return 'an array';
+  }
+  const text = JSON.stringify(value);
+  const shown = text === undefined ? String(value) : text;
+  return `${shown.length > 40 ? shown.slice(0, 40) + '…' : shown} (${typeof value})`;
+}
+
+function readCounts(value: unknown, key: string): IRouteCounts | string {
+  if (!isDict(value)) {
+    return `"${key}": expected an object like {"native": 412, "composite": 37, "fallback": 3}; got ${describe(value)}`;
+  }
+  for (const route of ROUTES) {
+    if (!isCount(value[route])) {
+      return `"${key}.${route}": expected a count >= 0; got ${describe(value[route])}`;
+    }
+  }
+  return {
+    native: value.native as number,
+    composite: value.composite as number,
+    fallback: value.fallback as number
+  };
+}
+
+function readSession(value: unknown): ISessionTotals | null {
+  if (!isDict(value) || !isCount(value.cells)) {
+    return null;
+  }
+  const counts = readCounts(value, 'session');
+  return typeof counts === 'string' ? null : { cells: value.cells, ...counts };
+}
+
+function readFallbacks(value: unknown): IFallbackOp[] {
+  if (!Array.isArray(value)) {
+    return [];
+  }
+  return value.filter(isDict).map(item => ({
+    op: String(item.op ?? '?'),
+    calls: isCount(item.calls) ? item.calls : 0,
+    reason: typeof item.reason === 'string' ? item.reason : '',
+    site: typeof item.site === 'string' ? item.site : null
+  }));
+}
+
+function numberOrNull(value: unknown): number | null {
+  return typeof value === 'number' && Number.isFinite(value) ? value : null;
+}
+
+/**
+ * Validate a payload from a comm message, a display output or cell metadata.
+ *
+ * Required: `schema` (exactly {@link SCHEMA}), an integer `version` >= 1, a
+ * string `target` and `counts`. A newer version is read for its version-1
+ * fields and flagged with a warning; missing optional fields get neutral
+ * defaults, so an older or newer kernel still shows a badge.
+ */
+export function parsePayload(data: unknown): ParseResult {
+  if (!isDict(data)) {
+    return { ok: false, error: `expected a routing payload object; got ${describe(data)}` };
+  }
+  if (data.schema !== SCHEMA) {
+    return { ok: false, error: `"schema": expected "${SCHEMA}"; got ${describe(data.schema)}` };
+  }
+  const version = data.version;
+  if (typeof version !== 'number' || !Number.isInteger(version) || version < 1) {
+    return { ok: false, error: `"version": expected an integer >= 1; got ${describe(version)}` };
+  }
+  if (typeof data.target !== 'string' || !data.target) {
+    return { ok: false, error: `"target": expected a target name like "mps"; got ${describe(data.target)}` };
+  }
+  const counts = readCounts(data.counts, 'counts');
+  if (typeof counts === 'string') {
+    return { ok: false, error: counts };
+  }
+  const ops = readCounts(data.ops, 'ops');
+  const payload: IRoutingPayload = {
+    schema: SCHEMA,
+    version,
+    cell_id: typeof data.cell_id === 'string' && data.cell_id ? data.cell_id : null,
+    execution_count: typeof data.execution_count === 'number' ? data.execution_count : null,
+    target: data.target,
+    simulated: data.simulated === true,
+    policy: typeof data.policy === 'string' ? data.policy : 'allow',
+    counts,
+    ops: typeof ops === 'string' ? { native: 0, composite: 0, fallback: 0 } : ops,
+    top_fallbacks: readFallbacks(data.top_fallbacks),
+    wall_ms: numberOrNull(data.wall_ms),
+    op_time_ms: numberOrNull(data.op_time_ms),
+    bytes_copied: isCount(data.bytes_copied) ? data.bytes_copied : 0,
+    session: readSession(data.session)
+  };
+  const warning =
+    version > VERSION
+      ? `payload version ${version} is newer than this extension's (${VERSION}): showing the version-${VERSION} fields; upgrade the extension with the torch-adapter package`
+      : null;
+  return { ok: true, payload, warning };
+}
+
+/** The compact summary kept in cell metadata when the setting asks for it. */
+export function metadataSummary(payload: IRoutingPayload): IRoutingPayload {
+  // Small (at most five fallback entries) and read back by the same parser.
+  // The session totals are dropped: they describe a kernel that will be gone.
+  return { ...payload, session: null };
+}
