@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
                harness.plain(name="plain_again")]  # A/A noise control, on request
     args.configs = args.configs or "plain,adapted"
     harness.run_from_args(args, [workloads.get(n) for n in chosen], configs, default_name="redirect",
-                          quick={"repeats": 5, "steps": 3, "warmup": 2, "min_block": 0.5})
+                          quick={"repeats": 5, "steps": 2, "warmup": 1, "min_block": 0})
     return 0
 
 

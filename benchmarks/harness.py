@@ -188,7 +188,7 @@ def _block(step: Callable[[], None], context: Callable[[], ContextManager[Any]],
 
 def run(workload: Any, configs: Sequence[Configuration], *, repeats: int = 5, steps: int = 5,
         warmup: int = 2, settle: int = 1, order: str = "abab", name: str | None = None,
-        threads: int | None = None, min_block_s: float = 0.0,
+        threads: int | None = None, min_block_s: float = 0.0, budget_s: float | None = None,
         progress: Callable[[str], None] | None = None) -> BenchResult:
     """Measure ``workload`` (a ``workloads.Workload``) under ``configs``, interleaved.
 
@@ -230,12 +230,22 @@ def run(workload: Any, configs: Sequence[Configuration], *, repeats: int = 5, st
             one, _ = _block(steps_fn[configs[0].name], configs[0].context, 1, 0)
             steps = max(steps, math.ceil(min_block_s / max(one, 1e-9)))
         by_name = {c.name: c for c in configs}
-        order_run = schedule(names, repeats, order)
-        for i, cname in enumerate(order_run):
+        planned = schedule(names, repeats, order)
+        order_run: list[str] = []
+        started = time.perf_counter()
+        for i, cname in enumerate(planned):
+            new_round = i % len(names) == 0
+            if new_round and budget_s is not None and i >= 2 * len(names) \
+                    and time.perf_counter() - started > budget_s:
+                say(f"time budget of {budget_s:.0f} s spent: stopping after {i // len(names)} rounds")
+                repeats = i // len(names)
+                meta["stopped_early"] = True
+                break
             wall, cpu = _block(steps_fn[cname], by_name[cname].context, steps, settle)
             results[cname].wall.append(wall)
             results[cname].cpu.append(cpu)
-            say(f"[{i + 1}/{len(order_run)}] {cname}: {wall * 1e3:.1f} ms/step")
+            order_run.append(cname)
+            say(f"[{i + 1}/{len(planned)}] {cname}: {wall * 1e3:.1f} ms/step")
     finally:
         torch.set_num_threads(prev_threads)
     meta["loadavg_end"] = _loadavg()
@@ -336,7 +346,10 @@ def add_arguments(parser: argparse.ArgumentParser, *, workloads: Sequence[str],
                              "a path with a folder is used as given")
     parser.add_argument("--configs", default=None, metavar="A,B,...",
                         help="configurations to compare, baseline first (default: all the script has)")
-    parser.add_argument("--quick", action="store_true", help="a short run (< 2 min): fewer rounds and steps")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="start no new round after this long (at least 2 rounds run)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a short run: fewer rounds and steps, and a 75 s budget for the timed rounds")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 
 
@@ -357,22 +370,24 @@ def select(available: Sequence[Configuration], spec: str | None) -> list[Configu
 
 def run_from_args(args: argparse.Namespace, workload_list: Sequence[Any],
                   configs: Sequence[Configuration], *, default_name: str,
-                  quick: dict[str, int] | None = None) -> list[BenchResult]:
+                  quick: dict[str, float] | None = None) -> list[BenchResult]:
     """Run each workload as the parsed arguments say; print tables; write JSON.
 
     ``configs`` are all the script offers; ``--configs`` picks among them.
     """
     configs = select(configs, getattr(args, "configs", None))
     if args.quick:
-        for key, value in (quick or {"repeats": 5, "steps": 3, "warmup": 2, "min_block": 0.5}).items():
+        for key, value in (quick or {"repeats": 5, "steps": 2, "warmup": 1, "min_block": 0}).items():
             setattr(args, key, value)
+        if args.budget is None:
+            args.budget = 75.0 / len(workload_list)
     say = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     results = []
     for workload in workload_list:
         name = f"{default_name}_{workload.name}"
         result = run(workload, configs, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
                      settle=args.settle, order=args.order, name=name, threads=args.threads,
-                     min_block_s=args.min_block, progress=say)
+                     min_block_s=args.min_block, budget_s=args.budget, progress=say)
         if args.json:
             target = Path(args.json)
             stem = target.stem if target.suffix == ".json" else target.name

@@ -20,3 +20,278 @@ def cuda_device_count() -> int:
     if not torch.backends.cuda.is_built():
         return 0
     return int(torch._C._cuda_getDeviceCount())
+
+
+# --- routing ------------------------------------------------------------------------
+# The routing engine (torch_adapter.routing) reads the dispatcher, the decomposition table
+# and registers Python kernels below autograd. torch >= 2.9 has everything used here
+# (torch.library.get_kernel is the newest); check_routing_support() says so clearly.
+__all__ += ["check_routing_support", "all_op_names", "has_kernel_for_key", "dispatch_key_for_device",
+            "host_kernel", "decompositions", "resolve_op", "call_composite_explicit",
+            "kernel_library", "register_python_kernel", "dispatch_mode_base", "DispatchKeySet"]
+
+
+def check_routing_support() -> None:
+    """Raise a clear error when this torch lacks what the routing engine needs."""
+    import torch
+
+    from .errors import TargetError, format_error
+
+    missing = [n for n in ("get_kernel", "Library") if not hasattr(torch.library, n)]
+    missing += [n for n in ("_dispatch_has_kernel_for_dispatch_key", "_dispatch_get_all_op_names",
+                            "_dispatch_key_for_device") if not hasattr(torch._C, n)]
+    if missing:
+        raise TargetError(format_error(
+            "torch_adapter routing engine", "torch >= 2.9 (torch.library.get_kernel and the dispatcher API)",
+            f"torch {torch.__version__} without {', '.join(missing)}",
+            why="simulated targets and fallback policies execute ops through the dispatcher",
+            fix="upgrade torch, or install without simulate=/fallback policies"))
+
+
+def all_op_names() -> tuple[str, ...]:
+    """Every operator the dispatcher knows, as ``"ns::name.overload"`` (``"aten::nonzero"``)."""
+    import torch
+
+    return tuple(torch._C._dispatch_get_all_op_names())
+
+
+def has_kernel_for_key(name: str, key: str) -> bool:
+    """Has ``name`` a kernel registered directly for dispatch key ``key``? False if unknown."""
+    import torch
+
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(name, key))
+    except RuntimeError:  # "operator ... does not exist"
+        return False
+
+
+def dispatch_key_for_device(device_type: str) -> str:
+    """``"cpu"`` -> ``"CPU"``; out-of-tree backends (``npu``) are ``PrivateUse1``."""
+    import torch
+
+    try:
+        key = torch._C._dispatch_key_for_device(device_type)
+    except RuntimeError:
+        key = torch._C._dispatch_key_for_device("privateuseone")
+    return str(key)
+
+
+def host_kernel(name: str, key: str) -> Any:
+    """The kernel the dispatcher would run for ``name`` at ``key`` now (callable with
+    ``.call_boxed(keyset, *args, **kwargs)``), or None when there is none."""
+    import torch
+
+    if not torch._C._dispatch_has_computed_kernel_for_dispatch_key(name, key):
+        return None
+    return torch.library.get_kernel(name, key)
+
+
+_DECOMPOSITIONS: dict[str, Any] | None = None
+
+
+def decompositions() -> dict[str, Any]:
+    """``torch._decomp.decomposition_table`` keyed by op name (``"aten::nonzero"``)."""
+    global _DECOMPOSITIONS
+    if _DECOMPOSITIONS is None:
+        import torch
+        import torch._decomp
+
+        _DECOMPOSITIONS = {op.name(): fn for op, fn in torch._decomp.decomposition_table.items()
+                           if isinstance(op, torch._ops.OpOverload)}
+    return _DECOMPOSITIONS
+
+
+def resolve_op(name: str) -> Any:
+    """``"aten::add.Tensor"`` -> ``torch.ops.aten.add.Tensor`` (AttributeError if unknown)."""
+    import torch
+
+    ns, _, rest = name.partition("::")
+    base, _, overload = rest.partition(".")
+    return getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
+
+
+def call_composite_explicit(op: Any, key: str, args: tuple, kwargs: dict) -> Any:
+    """Run ``op``'s own kernel for the composite alias ``key`` (CompositeExplicitAutograd or
+    ...NonFunctional); its pieces dispatch again. The caller has checked the kernel exists
+    (calling a missing alias kernel crashes the process)."""
+    import torch
+
+    return op._op_dk(getattr(torch._C.DispatchKey, key), *args, **kwargs)
+
+
+def kernel_library(namespace: str) -> Any:
+    """A ``torch.library.Library`` for overriding kernels of ``namespace``'s ops.
+    ``lib._destroy()`` removes every kernel it registered and restores the previous ones."""
+    import torch
+
+    return torch.library.Library(namespace, "IMPL")
+
+
+def register_python_kernel(lib: Any, name: str, fn: Any, key: str) -> None:
+    """Register ``fn(keyset, *args, **kwargs)`` for ``name`` at ``key``, silencing torch's
+    "overriding a previously registered kernel" warning (overriding is the point)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lib.impl(name.partition("::")[2], fn, key, with_keyset=True)
+
+
+def dispatch_mode_base() -> type:
+    """``torch.utils._python_dispatch.TorchDispatchMode`` (the base of op recorders)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
+def DispatchKeySet(key: str) -> Any:  # noqa: N802 - mirrors the torch type
+    """A ``torch._C.DispatchKeySet`` holding one key."""
+    import torch
+
+    return torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+
+
+# --- observe ------------------------------------------------------------------------
+# torch_adapter.routing.observe builds a small C++ RecordFunction observer with
+# torch.utils.cpp_extension (public, but the build folder is a private helper), and falls
+# back to the autograd profiler's C++ entry points and event tree (private, "experimental").
+__all__ += ["extension_build_dir", "can_build_extensions", "load_extension", "op_profiler_start",
+            "op_profiler_stop", "profiler_function_events"]
+
+
+def extension_build_dir(name: str) -> Any:
+    """Where ``torch.utils.cpp_extension.load(name=...)`` builds and caches ``name``
+    (``$TORCH_EXTENSIONS_DIR`` or the user cache, per Python and accelerator)."""
+    from pathlib import Path
+
+    from torch.utils import cpp_extension
+
+    return Path(cpp_extension._get_build_directory(name, False))
+
+
+def can_build_extensions() -> bool:
+    """A C++ compiler (``$CXX`` or ``c++``) and ninja are on this machine."""
+    import os
+    import shutil
+
+    from torch.utils import cpp_extension
+
+    compiler = os.environ.get("CXX", "c++")
+    return shutil.which(compiler) is not None and cpp_extension.is_ninja_available()
+
+
+def load_extension(name: str, source: Any, *, verbose: bool = False) -> Any:
+    """Build (once, cached) and import a one-file C++ extension; raises on failure."""
+    from torch.utils import cpp_extension
+
+    return cpp_extension.load(name=name, sources=[str(source)], extra_cflags=["-O2"],
+                              verbose=verbose, is_python_module=True)
+
+
+def op_profiler_start() -> None:
+    """Start the autograd profiler (CPU activity, all threads, overload names recorded),
+    through its C++ entry points so that stopping does not build FunctionEvents.
+    RuntimeError when a profiler is already running (it would be taken over otherwise)."""
+    from torch._C._autograd import _enable_profiler, _prepare_profiler, _profiler_enabled
+    from torch._C._profiler import ProfilerActivity, ProfilerConfig, ProfilerState, _ExperimentalConfig
+
+    if _profiler_enabled():
+        raise RuntimeError("a torch profiler is already running (only one can run at a time)")
+    experimental = _ExperimentalConfig(capture_overload_names=True, profile_all_threads=True)
+    config = ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False, experimental)
+    activities = {ProfilerActivity.CPU}
+    _prepare_profiler(config, activities)
+    _enable_profiler(config, activities)
+
+
+def op_profiler_stop() -> list[Any]:
+    """Stop the profiler started by :func:`op_profiler_start`; the roots of its event tree."""
+    from torch._C._autograd import _disable_profiler
+
+    return list(_disable_profiler().experimental_event_tree())
+
+
+def profiler_function_events(event: Any) -> tuple[str, str, int] | None:
+    """``(name, overload, duration_ns)`` for a FUNCTION-scope op event of the tree, else None
+    (autograd nodes, user ranges, Python frames: the caller looks through them)."""
+    from torch._C._profiler import RecordScope, _EventType
+
+    if event.tag != _EventType.TorchOp or event.extra_fields.scope != RecordScope.FUNCTION:
+        return None
+    return event.name, event.overload_name, int(event.duration_time_ns)
+
+
+# --- tools ---------------------------------------------------------------------------
+# torch_adapter.profiler, .debug and .memory: the profiler's experimental config (overload
+# names in op events, all threads, no Python event objects at exit), the Python dispatch
+# mode stack (a debug mode stays pushed between notebook cells and must come off from the
+# middle of the stack), and the autograd node running a backward op.
+__all__ += ["profiler_config", "profiler_running", "dispatch_mode_stack", "remove_dispatch_mode",
+            "current_autograd_node", "is_op_overload"]
+
+
+def profiler_config(**wanted: bool) -> Any:
+    """A ``torch._C._profiler._ExperimentalConfig`` with those of ``wanted`` (keyword flags such
+    as ``capture_overload_names=True``) that this torch knows; None if it has none of them."""
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+    except ImportError:
+        return None
+    flags = {}
+    for name, value in wanted.items():  # an older torch lacks some: keep those it takes
+        try:
+            _ExperimentalConfig(**{name: value})
+        except TypeError:
+            continue
+        flags[name] = value
+    return _ExperimentalConfig(**flags) if flags else None
+
+
+def profiler_running() -> bool:
+    """Is a torch (autograd/kineto) profiler running in this process now?"""
+    from torch._C._autograd import _profiler_enabled
+
+    return bool(_profiler_enabled())
+
+
+def dispatch_mode_stack() -> list[Any]:
+    """The TorchDispatchModes pushed on this thread, outermost first."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return list(_get_current_dispatch_mode_stack())
+
+
+def remove_dispatch_mode(mode: Any) -> bool:
+    """Take ``mode`` (entered with ``mode.__enter__()``) off this thread's stack, wherever it is:
+    modes pushed after it are popped, ``mode.__exit__`` runs, and they are pushed back in order.
+    False when ``mode`` is not on this thread's stack (entered on another thread)."""
+    from torch.utils._python_dispatch import _pop_mode, _push_mode
+
+    stack = dispatch_mode_stack()
+    if not any(m is mode for m in stack):
+        return False
+    above: list[Any] = []
+    while dispatch_mode_stack()[-1] is not mode:
+        above.append(_pop_mode())
+    try:
+        mode.__exit__(None, None, None)
+    finally:
+        for m in reversed(above):
+            _push_mode(m)
+    return True
+
+
+def current_autograd_node() -> Any:
+    """The autograd Node whose backward is running on this thread (``.name()``:
+    ``"LogBackward0"``), or None outside backward."""
+    import torch
+
+    fn = getattr(torch._C, "_current_autograd_node", None)
+    return fn() if fn is not None else None
+
+
+def is_op_overload(obj: Any) -> bool:
+    """Is ``obj`` an operator overload (``torch.ops.aten.add.Tensor``), e.g. an FX node's target?"""
+    import torch
+
+    return isinstance(obj, torch._ops.OpOverload)

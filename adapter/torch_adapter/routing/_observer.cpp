@@ -4,11 +4,13 @@
 // never at import. It includes only ATen/record_function.h and pybind11, which keeps the
 // compile short.
 //
-// What it records, per thread, cumulatively while registered (FUNCTION scope only, i.e.
-// dispatcher op calls; no inputs, no outputs, no ids):
-//   calls[id]               how many times op `id` ran
-//   self_ns[id]             wall time inside op `id` minus time inside the ops it called
-//   children[(parent,id)]   how many times op `id` ran directly under op `parent`
+// What it records, per thread, cumulatively while registered (FUNCTION scope only: every
+// dispatcher op call at every depth, plus the few ranges C++ code names by a string; no
+// inputs, outputs or ids are requested, so the dispatcher boxes nothing for us):
+//   calls[id]             how many times op `id` ran
+//   self_ns[id]           wall time inside op `id` minus time inside the ops it called
+//   pairs[(parent, id)]   how many times op `id` ran directly under op `parent`
+//                         (parent kTop: called from outside any observed op)
 // Ops get small integer ids the first time they are seen ("aten::add.Tensor"). The hot path
 // is: a thread-local open-addressing cache from the (name, overload) pointers of the op's
 // schema to its id, a thread-local stack of open calls, and counter updates under a
@@ -25,9 +27,11 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -41,11 +45,14 @@ inline uint64_t now_ns() {
                                    .count());
 }
 
+// Taken by its owner thread around each counter update and by snapshot(); contended only
+// while a snapshot copies the counters, so the owner rarely spins (and yields if it does).
 class SpinLock {
  public:
   void lock() {
     while (flag_.exchange(true, std::memory_order_acquire)) {
-      while (flag_.load(std::memory_order_relaxed)) {
+      for (int spins = 0; flag_.load(std::memory_order_relaxed); ++spins) {
+        if (spins > 64) std::this_thread::yield();
       }
     }
   }
@@ -62,46 +69,103 @@ struct Frame {
   uint64_t child_ns;
 };
 
+// (name, overload) pointers of a dispatcher op's schema -> op id. `text` is our own copy of
+// the name, compared on every hit so that a schema freed and replaced at the same address
+// (a torch.library op deleted and another defined) is not taken for the old one.
 struct CacheEntry {
   const char* name = nullptr;
   const char* overload = nullptr;
+  const char* text = nullptr;
   int32_t id = -1;
 };
 
+// Open-addressing counter table keyed by (parent id << 32 | child id).
+class PairCounts {
+ public:
+  static constexpr uint64_t kEmpty = ~0ull;
+  PairCounts() : keys_(256, kEmpty), vals_(256, 0) {}
+  void add(uint64_t key, uint64_t by) {
+    if ((used_ + 1) * 2 > keys_.size()) grow();
+    size_t mask = keys_.size() - 1;
+    for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
+      if (keys_[i] == key) {
+        vals_[i] += by;
+        return;
+      }
+      if (keys_[i] == kEmpty) {
+        keys_[i] = key;
+        vals_[i] = by;
+        used_++;
+        return;
+      }
+    }
+  }
+  template <typename F>
+  void for_each(F f) const {
+    for (size_t i = 0; i < keys_.size(); ++i)
+      if (keys_[i] != kEmpty) f(keys_[i], vals_[i]);
+  }
+
+ private:
+  static size_t mix(uint64_t k) {
+    k *= 0x9E3779B97F4A7C15ull;
+    return static_cast<size_t>(k ^ (k >> 32));
+  }
+  void grow() {
+    std::vector<uint64_t> keys(keys_.size() * 2, kEmpty), vals(keys_.size() * 2, 0);
+    keys.swap(keys_);
+    vals.swap(vals_);
+    used_ = 0;
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] != kEmpty) add(keys[i], vals[i]);
+  }
+  std::vector<uint64_t> keys_, vals_;
+  size_t used_ = 0;
+};
+
+constexpr uint32_t kTop = 0xFFFFFFFFu;  // "parent" of a call made outside any observed op
+
 struct ThreadData {
-  SpinLock lock;  // guards calls, self_ns, children, events
+  SpinLock lock;  // guards calls, self_ns, pairs, events (snapshot() reads them)
   std::vector<uint64_t> calls;
   std::vector<uint64_t> self_ns;
-  std::unordered_map<uint64_t, uint64_t> children;
+  PairCounts pairs;  // (parent or kTop, child) -> calls
   uint64_t events = 0;
   // owner thread only
   std::vector<Frame> stack;
-  std::vector<CacheEntry> cache = std::vector<CacheEntry>(1024);
+  std::vector<CacheEntry> cache = std::vector<CacheEntry>(256);
   size_t cache_used = 0;
+  const char* string_overload = nullptr;  // overload_name() of ranges named by a string
+  std::unordered_map<std::string, int32_t> text_ids;
   std::atomic<bool> alive{true};
 };
 
 std::mutex g_mu;  // guards everything below
-std::vector<std::string> g_names;
+std::deque<std::string> g_names;  // id -> "aten::add.Tensor"; a deque never moves its strings
+std::deque<std::string> g_texts;  // copies of schema names that cache entries point to
 std::unordered_map<std::string, int32_t> g_ids;
 std::vector<std::shared_ptr<ThreadData>> g_threads;
 // totals of threads that have exited, folded in by snapshot()
 std::vector<uint64_t> g_retired_calls, g_retired_self;
-std::unordered_map<uint64_t, uint64_t> g_retired_children;
+PairCounts g_retired_pairs;
 uint64_t g_retired_events = 0;
 at::CallbackHandle g_handle = 0;
 int g_refs = 0;
 std::atomic<uint64_t> g_errors{0};
 constexpr size_t kMaxDepth = 1024;
 
+thread_local bool t_exited = false;  // trivially destructible: valid during thread teardown
+
 struct Holder {
   std::shared_ptr<ThreadData> td;
   ~Holder() {
+    t_exited = true;
     if (td) td->alive.store(false);
   }
 };
 
 ThreadData* thread_data() {
+  if (t_exited) return nullptr;
   thread_local Holder holder;
   if (!holder.td) {
     auto td = std::make_shared<ThreadData>();
@@ -112,21 +176,12 @@ ThreadData* thread_data() {
   return holder.td.get();
 }
 
-int32_t intern(const at::RecordFunction& fn) {
-  std::string key;
-  auto op = fn.operator_name();
-  if (op.has_value()) {
-    key = op->name;
-    if (!op->overload_name.empty()) key += "." + op->overload_name;
-  } else {
-    key = fn.name();
-  }
-  std::lock_guard<std::mutex> guard(g_mu);
+int32_t intern_locked(const std::string& key) {
   auto it = g_ids.find(key);
   if (it != g_ids.end()) return it->second;
   auto id = static_cast<int32_t>(g_names.size());
   g_names.push_back(key);
-  g_ids.emplace(std::move(key), id);
+  g_ids.emplace(key, id);
   return id;
 }
 
@@ -135,42 +190,75 @@ inline size_t slot_of(const char* a, const char* b, size_t mask) {
   return (h ^ (h >> 29)) & mask;
 }
 
-void cache_insert(ThreadData* td, const char* name, const char* overload, int32_t id) {
+void cache_insert(ThreadData* td, const CacheEntry& entry) {
   if ((td->cache_used + 1) * 2 > td->cache.size()) {
     std::vector<CacheEntry> old(td->cache.size() * 2);
     old.swap(td->cache);
     td->cache_used = 0;
     for (const auto& e : old)
-      if (e.name) cache_insert(td, e.name, e.overload, e.id);
+      if (e.name) cache_insert(td, e);
   }
   size_t mask = td->cache.size() - 1;
-  for (size_t i = slot_of(name, overload, mask);; i = (i + 1) & mask) {
+  for (size_t i = slot_of(entry.name, entry.overload, mask);; i = (i + 1) & mask) {
     auto& e = td->cache[i];
-    if (!e.name || (e.name == name && e.overload == overload)) {
+    if (!e.name || (e.name == entry.name && e.overload == entry.overload)) {
       if (!e.name) td->cache_used++;
-      e = CacheEntry{name, overload, id};
+      e = entry;
       return;
     }
   }
 }
 
-// Schema-backed names are stable pointers; a name built per event (a string scope) may reuse
-// an address with other text, so a hit is confirmed by comparing the text too.
+// A range named by a string (the autograd engine's "autograd::engine::evaluate_function:
+// ...", "detach") keeps its text inside the RecordFunction: its address says nothing, so
+// it is looked up by text, in a per-thread map.
+int32_t text_id(ThreadData* td, const char* name) {
+  std::string text(name);
+  auto it = td->text_ids.find(text);
+  if (it != td->text_ids.end()) return it->second;
+  int32_t id;
+  {
+    std::lock_guard<std::mutex> guard(g_mu);
+    id = intern_locked(text);
+  }
+  td->text_ids.emplace(std::move(text), id);
+  return id;
+}
+
+// Slow path, once per op overload per thread: name the op "aten::name.overload".
+int32_t first_sight(ThreadData* td, const at::RecordFunction& fn, const char* name, const char* overload) {
+  auto op = fn.operator_name();
+  if (!op.has_value()) {
+    td->string_overload = overload;
+    return text_id(td, name);
+  }
+  std::string key = op->name;
+  if (!op->overload_name.empty()) key += "." + op->overload_name;
+  CacheEntry entry{name, overload, nullptr, -1};
+  {
+    std::lock_guard<std::mutex> guard(g_mu);
+    entry.id = intern_locked(key);
+    g_texts.emplace_back(name);
+    entry.text = g_texts.back().c_str();
+  }
+  cache_insert(td, entry);
+  return entry.id;
+}
+
 inline int32_t op_id(ThreadData* td, const at::RecordFunction& fn) {
   const char* name = fn.name();
   const char* overload = fn.overload_name();
+  if (overload == td->string_overload) return text_id(td, name);
   size_t mask = td->cache.size() - 1;
   for (size_t i = slot_of(name, overload, mask);; i = (i + 1) & mask) {
     const auto& e = td->cache[i];
     if (!e.name) break;
     if (e.name == name && e.overload == overload) {
-      if (std::strcmp(e.name, name) == 0) return e.id;
+      if (std::strcmp(e.text, name) == 0) return e.id;
       break;
     }
   }
-  int32_t id = intern(fn);
-  cache_insert(td, name, overload, id);
-  return id;
+  return first_sight(td, fn, name, overload);
 }
 
 template <typename T>
@@ -182,15 +270,17 @@ inline void bump(std::vector<T>& v, int32_t id, T by) {
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   try {
     ThreadData* td = thread_data();
+    if (td == nullptr) return nullptr;
     int32_t id = op_id(td, fn);
-    int32_t parent = td->stack.empty() ? -1 : td->stack.back().id;
+    uint32_t parent = td->stack.empty() ? kTop : static_cast<uint32_t>(td->stack.back().id);
     {
       std::lock_guard<SpinLock> guard(td->lock);
       bump<uint64_t>(td->calls, id, 1);
       td->events++;
-      if (parent >= 0) td->children[(static_cast<uint64_t>(parent) << 32) | static_cast<uint32_t>(id)]++;
+      td->pairs.add((static_cast<uint64_t>(parent) << 32) | static_cast<uint32_t>(id), 1);
     }
-    if (td->stack.size() < kMaxDepth) td->stack.push_back(Frame{&fn, id, now_ns(), 0});
+    // An async range may end on another thread: it is counted, but opens no frame here.
+    if (td->stack.size() < kMaxDepth && !fn.isAsync()) td->stack.push_back(Frame{&fn, id, now_ns(), 0});
   } catch (...) {
     g_errors.fetch_add(1, std::memory_order_relaxed);
   }
@@ -201,6 +291,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   try {
     uint64_t t1 = now_ns();
     ThreadData* td = thread_data();
+    if (td == nullptr) return;
     auto& stack = td->stack;
     // Normally the top frame; frames above it belong to calls whose end we never saw.
     size_t i = stack.size();
@@ -249,10 +340,11 @@ void add_into(std::vector<T>& dst, const std::vector<T>& src) {
   for (size_t i = 0; i < src.size(); ++i) dst[i] += src[i];
 }
 
-// (calls, self_ns, children, events, errors) as cumulative totals since the module loaded.
+// (calls, self_ns, children, top_level, events, errors): cumulative totals since the module
+// loaded, over all threads, including threads that have exited.
 py::tuple snapshot() {
   std::vector<uint64_t> calls, self_ns;
-  std::unordered_map<uint64_t, uint64_t> children;
+  PairCounts pairs;
   uint64_t events = 0;
   std::vector<std::string> names;
   {
@@ -261,33 +353,38 @@ py::tuple snapshot() {
     for (auto& td : g_threads) {
       std::lock_guard<SpinLock> tguard(td->lock);
       bool dead = !td->alive.load();
-      auto& c = dead ? g_retired_calls : calls;
-      auto& s = dead ? g_retired_self : self_ns;
-      auto& ch = dead ? g_retired_children : children;
-      add_into(c, td->calls);
-      add_into(s, td->self_ns);
-      for (const auto& kv : td->children) ch[kv.first] += kv.second;
+      add_into(dead ? g_retired_calls : calls, td->calls);
+      add_into(dead ? g_retired_self : self_ns, td->self_ns);
+      PairCounts& dst = dead ? g_retired_pairs : pairs;
+      td->pairs.for_each([&](uint64_t k, uint64_t v) { dst.add(k, v); });
       (dead ? g_retired_events : events) += td->events;
       if (!dead) live.push_back(td);
     }
     g_threads.swap(live);
     add_into(calls, g_retired_calls);
     add_into(self_ns, g_retired_self);
-    for (const auto& kv : g_retired_children) children[kv.first] += kv.second;
+    g_retired_pairs.for_each([&](uint64_t k, uint64_t v) { pairs.add(k, v); });
     events += g_retired_events;
-    names = g_names;
+    names.assign(g_names.begin(), g_names.end());
   }
-  py::dict pcalls, pself, pchildren;
+  py::dict pcalls, pself, pchildren, ptop;
   for (size_t i = 0; i < calls.size(); ++i)
     if (calls[i]) pcalls[py::str(names[i])] = calls[i];
   for (size_t i = 0; i < self_ns.size(); ++i)
     if (self_ns[i]) pself[py::str(names[i])] = self_ns[i];
-  for (const auto& kv : children) {
-    py::str parent(names[kv.first >> 32]), child(names[kv.first & 0xffffffffu]);
-    if (!pchildren.contains(parent)) pchildren[parent] = py::dict();
-    py::dict(pchildren[parent])[child] = kv.second;
-  }
-  return py::make_tuple(pcalls, pself, pchildren, events, g_errors.load());
+  pairs.for_each([&](uint64_t k, uint64_t v) {
+    auto parent = static_cast<uint32_t>(k >> 32);
+    py::str child(names[k & 0xFFFFFFFFu]);
+    if (parent == kTop) {
+      ptop[child] = v;
+      return;
+    }
+    py::str pname(names[parent]);
+    if (!pchildren.contains(pname)) pchildren[pname] = py::dict();
+    py::dict under = pchildren[pname];
+    under[child] = v;
+  });
+  return py::make_tuple(pcalls, pself, pchildren, ptop, events, g_errors.load());
 }
 
 }  // namespace
@@ -298,5 +395,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("release", &release, "drop one reference; the last one removes the callback");
   m.def("registered", &registered, "whether our callback is registered now");
   m.def("has_global_callbacks", &at::hasGlobalCallbacks, "whether any global RecordFunction callback exists");
-  m.def("snapshot", &snapshot, "cumulative (calls, self_ns, children, events, errors)");
+  m.def("snapshot", &snapshot, "cumulative (calls, self_ns, children, top_level, events, errors)");
 }

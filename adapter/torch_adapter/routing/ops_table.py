@@ -23,12 +23,13 @@ from typing import Mapping
 from ..errors import ProfileError, format_error
 
 __all__ = ["OpEntry", "yaml_path", "load_table", "op_entry", "count_by_key",
-           "COMPOSITE_IMPLICIT", "COMPOSITE_EXPLICIT"]
+           "COMPOSITE_IMPLICIT", "COMPOSITE_EXPLICIT", "COMPOSITE_EXPLICIT_NONFUNCTIONAL", "EXPLICIT_KEYS"]
 
 COMPOSITE_IMPLICIT = "CompositeImplicitAutograd"
 COMPOSITE_EXPLICIT = "CompositeExplicitAutograd"
+COMPOSITE_EXPLICIT_NONFUNCTIONAL = "CompositeExplicitAutogradNonFunctional"
 # Keys whose kernels are written with other aten ops and so run on any backend.
-_EXPLICIT_KEYS = (COMPOSITE_EXPLICIT, "CompositeExplicitAutogradNonFunctional")
+EXPLICIT_KEYS = (COMPOSITE_EXPLICIT, COMPOSITE_EXPLICIT_NONFUNCTIONAL)
 
 _NAME = re.compile(r"^([A-Za-z0-9_]+)(?:\.([A-Za-z0-9_]+))?\(")
 _ALIAS = re.compile(r"\(([a-z])(!?)")
@@ -49,8 +50,9 @@ class OpEntry:
         return COMPOSITE_IMPLICIT in self.keys
 
     @property
-    def composite_explicit(self) -> bool:
-        return any(k in self.keys for k in _EXPLICIT_KEYS)
+    def composite_explicit(self) -> str | None:
+        """The composite-explicit key this op has a kernel for, if any."""
+        return next((k for k in EXPLICIT_KEYS if k in self.keys), None)
 
 
 def yaml_path() -> str:

@@ -1,0 +1,257 @@
+"""Route decisions: plain data, a pure function of (op, profile, registry, policy).
+
+Order (../shared/FACTS.md measured that it reproduces plain results bit-for-bit):
+
+1. a kernel registered with ``register_accelerated`` for this target   -> NATIVE
+2. the target's own kernel                                               -> NATIVE
+3. a view or metadata op (no kernel needed)                              -> NATIVE
+4. forced to the CPU (profile ``fallback`` / ``configure(force_cpu=)``)  -> FALLBACK
+5. a Python implementation from ``register_fallback``                    -> FALLBACK
+6. the op's own CompositeExplicitAutograd / CompositeImplicitAutograd kernel -> COMPOSITE
+7. a ``torch._decomp`` decomposition not on the training-unsafe deny-list -> COMPOSITE
+8. otherwise: copy to the CPU, run there, copy back                      -> FALLBACK
+
+:func:`choose_route` is cached; :func:`explain` is its user-facing form.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from .._torch_private import all_op_names, decompositions, has_kernel_for_key
+from ..errors import UsageError, format_error
+from . import ops_table, rules
+
+__all__ = ["Route", "RouteDecision", "choose_route", "decide_name", "explain", "op_name",
+           "known_op_names", "clear_caches"]
+
+
+class Route(str, enum.Enum):
+    """How an op runs on a target."""
+
+    NATIVE = "native"
+    COMPOSITE = "composite"
+    FALLBACK = "fallback"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    """One op's route on one target, and why. ``via`` names the mechanism."""
+
+    op: str  # "aten::nonzero", "aten::add.Tensor"
+    route: Route
+    reason: str
+    via: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.op} -> {self.route.value} ({self.reason})"
+
+
+# -- op names ------------------------------------------------------------------------------
+def known_op_names() -> frozenset[str]:
+    """Every op name the table or the dispatcher knows (custom ops registered later included)."""
+    return frozenset(ops_table.load_table()) | frozenset(all_op_names())
+
+
+@functools.lru_cache(maxsize=1)
+def _namespaces() -> frozenset[str]:
+    return frozenset(n.partition("::")[0] for n in all_op_names())
+
+
+def _candidates(text: str) -> list[str]:
+    text = text.strip()
+    if text.startswith("torch.ops."):
+        text = text[len("torch.ops."):]
+    if "::" not in text:
+        head, dot, rest = text.partition(".")
+        text = f"{head}::{rest}" if dot and head in _namespaces() else f"aten::{text}"
+    if text.endswith(".default"):
+        text = text[: -len(".default")]
+    return [text]
+
+
+def op_name(op: Any, *, call: str = "torch_adapter.explain()") -> str:
+    """The canonical name of ``op`` (an OpOverload or a string); UsageError if unknown."""
+    name_fn = getattr(op, "name", None)
+    if callable(name_fn) and hasattr(op, "_schema"):
+        return str(name_fn())
+    if hasattr(op, "overloads") and hasattr(op, "_qualified_op_name"):  # an OpOverloadPacket
+        return op_name(op._qualified_op_name, call=call)
+    if not isinstance(op, str):
+        raise UsageError(format_error(call, 'an op name such as "aten::nonzero" or an OpOverload',
+                                      f"{op!r} ({type(op).__name__})",
+                                      fix='pass e.g. "aten::add.Tensor" or torch.ops.aten.add.Tensor'))
+    names = known_op_names()
+    (name,) = _candidates(op)
+    if name in names:
+        return name
+    overloads = sorted(n for n in names if n.startswith(name + "."))
+    if overloads:
+        raise UsageError(format_error(
+            call, "one overload of the op", f"{op!r}, which names {len(overloads)} overloads",
+            why="routes differ per overload", fix=f"name one of: {', '.join(overloads[:8])}"))
+    close = difflib.get_close_matches(name, sorted(names), n=3, cutoff=0.75)
+    raise UsageError(format_error(
+        call, 'an op this torch knows, e.g. "aten::nonzero" or "aten::add.Tensor"', repr(op),
+        why="no operator of that name is registered",
+        fix=f"did you mean {' or '.join(close)}?" if close else
+        "list op names with torch._C._dispatch_get_all_op_names()"))
+
+
+# -- the decision ----------------------------------------------------------------------------
+def _composite_kind(name: str) -> str | None:
+    entry = ops_table.op_entry(name)
+    if entry is not None:
+        return ops_table.COMPOSITE_IMPLICIT if entry.composite_implicit else entry.composite_explicit
+    for key in (ops_table.COMPOSITE_IMPLICIT, *ops_table.EXPLICIT_KEYS):
+        if has_kernel_for_key(name, key):
+            return key
+    return None
+
+
+def _is_view(name: str) -> bool:
+    entry = ops_table.op_entry(name)
+    return bool(entry and entry.view and not entry.mutates and not entry.composite_implicit)
+
+
+def _cpu_can_run(name: str) -> bool:
+    entry = ops_table.op_entry(name)
+    if entry is not None:
+        return "CPU" in entry.keys or bool(entry.composite_explicit) or entry.composite_implicit
+    return has_kernel_for_key(name, "CPU")
+
+
+def _decomp_label(fn: Any) -> str:
+    inner = getattr(fn, "__wrapped__", fn)
+    if hasattr(inner, "_schema"):  # the table maps the op straight to another op
+        return f"calls {inner.name()}"
+    if hasattr(inner, "_qualified_op_name"):
+        return f"calls {inner._qualified_op_name}"
+    return f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', repr(inner))}"
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def decide_name(name: str, profile: Any, registry: Any = None, policy: Any = None) -> RouteDecision:
+    """The route of the op called ``name`` on ``profile`` (cached; all arguments hashable).
+
+    ``registry`` is a :class:`~torch_adapter.routing.registry.RegistrySnapshot` or None,
+    ``policy`` a :class:`~torch_adapter.routing.policy.Policy` or None.
+    """
+    key = profile.dispatch_key
+    if registry is not None and (name, profile.name) in registry.accelerated:
+        return RouteDecision(name, Route.NATIVE, f"kernel registered with register_accelerated(device={profile.name!r})",
+                             "register_accelerated")
+    native = profile.is_native(name)
+    forced = name in profile.forced_fallback or (policy is not None and name in policy.force_cpu)
+    if native and not forced:
+        return RouteDecision(name, Route.NATIVE, f"{profile.name} has its own {key} kernel", key)
+    if name in rules.METADATA_OPS:
+        return RouteDecision(name, Route.NATIVE, f"metadata op: {rules.METADATA_OPS[name]}", "metadata")
+    if _is_view(name):
+        return RouteDecision(name, Route.NATIVE, rules.VIEW_REASON, "view")
+    if forced:
+        by = "configure(force_cpu=...)" if policy is not None and name in policy.force_cpu else \
+            f"profile {profile.source}"
+        return RouteDecision(name, Route.FALLBACK, f"forced to the CPU by {by}", "cpu")
+    lacks = f"no {key} kernel"
+    if registry is not None and name in registry.fallback:
+        return RouteDecision(name, Route.FALLBACK, f"{lacks}; Python implementation from register_fallback",
+                             "register_fallback")
+    kind = _composite_kind(name)
+    if kind in ops_table.EXPLICIT_KEYS:
+        return RouteDecision(name, Route.COMPOSITE, f"{lacks}; runs its {kind} kernel (written with other aten ops)",
+                             kind)
+    if kind == ops_table.COMPOSITE_IMPLICIT:
+        return RouteDecision(name, Route.COMPOSITE,
+                             f"{lacks}; CompositeImplicitAutograd: decomposes into other aten ops above autograd", kind)
+    decomp = decompositions().get(name)
+    unsafe = rules.TRAINING_UNSAFE_DECOMPOSITIONS.get(name)
+    if decomp is not None and unsafe is None:
+        return RouteDecision(name, Route.COMPOSITE, f"{lacks}; decomposes via torch._decomp ({_decomp_label(decomp)})",
+                             "torch._decomp")
+    reason = f"{lacks} and no decomposition; runs on the CPU (inputs copied there, results back)"
+    if unsafe is not None:
+        reason = f"{lacks}; its torch._decomp decomposition is on the training-unsafe deny-list ({unsafe}); runs on the CPU"
+    if not _cpu_can_run(name):
+        reason += "; the CPU has no kernel either, so the op fails there too"
+    return RouteDecision(name, Route.FALLBACK, reason, "cpu")
+
+
+def choose_route(op: Any, profile: Any, registry: Any = None, policy: Any = None) -> RouteDecision:
+    """The RouteDecision of ``op`` (OpOverload or name) on ``profile``. Pure and cached.
+
+    ``registry`` may be a live :class:`~torch_adapter.routing.registry.Registry` (its
+    current snapshot is used) or a snapshot.
+    """
+    name = op.name() if hasattr(op, "_schema") else op_name(op, call="choose_route()")
+    snapshot = registry.snapshot() if hasattr(registry, "snapshot") else registry
+    return decide_name(name, profile, snapshot, policy)
+
+
+def clear_caches() -> None:
+    """Forget cached decisions and op names (after registering new custom ops)."""
+    decide_name.cache_clear()
+
+
+# -- explain ---------------------------------------------------------------------------------
+def _profile_of(target: Any) -> tuple[Any, Any, Any]:
+    """(profile, registry, policy) for explain()'s ``target`` argument."""
+    from ..session import current
+    from ..target import Target, _detect_one, KNOWN
+    from . import profiles
+
+    session = current()
+    if target is None:
+        if session is not None:
+            target = session.target
+        else:
+            from ..target import resolve
+
+            target = resolve("auto")
+    if isinstance(target, profiles.CapabilityProfile):
+        profile = target
+    elif isinstance(target, Target):
+        profile = profiles.profile_for(target)
+    elif isinstance(target, str):
+        key = target.strip().lower()
+        if session is not None and key == session.target.name:
+            profile = profiles.profile_for(session.target)
+        elif key in KNOWN and _detect_one(key).present:
+            real = _detect_one(key)
+            profile = profiles.live_profile(real.name, real.dispatch_key)
+        else:
+            profile = profiles.load_profile(target)
+    else:
+        raise UsageError(format_error(
+            "torch_adapter.explain(op, target=...)", 'a target name ("mps"), a Target or a CapabilityProfile',
+            f"{target!r} ({type(target).__name__})", fix='e.g. explain("aten::nonzero", target="mps")'))
+    if session is not None and session.target.name == profile.name:
+        from .policy import policy_of
+        from .registry import registry_of
+
+        reg = registry_of(session, create=False)
+        return profile, (reg.snapshot() if reg is not None else None), policy_of(session)
+    return profile, None, None
+
+
+def explain(op: Any, target: Any = None) -> RouteDecision:
+    """How ``op`` is routed on ``target``, and why — without running anything.
+
+    ``op``: ``"aten::nonzero"``, ``"aten::add.Tensor"``, ``"nonzero"`` or an OpOverload.
+    ``target``: a name (``"mps"`` previews the built-in profile unless an MPS device is
+    present), a ``.toml`` profile, a Target or a CapabilityProfile; by default the
+    installed target, or this machine's.
+
+    >>> torch_adapter.explain("aten::_linalg_eigh", target="mps").route
+    <Route.FALLBACK: 'fallback'>
+    """
+    name = op_name(op)
+    profile, registry, policy = _profile_of(target)
+    return decide_name(name, profile, registry, policy)

@@ -1,0 +1,346 @@
+"""Enforcement: ops the target lacks really run their route.
+
+Mechanism (measured against a TorchDispatchMode, see docs/routing.md): a Python kernel is
+registered — with ``torch.library``, below autograd — only for the ops whose route differs
+from what the executing device does anyway. Every other op never leaves C++, which is
+what keeps a simulated target close to plain speed:
+
+- *simulated* targets execute on the host (CPU): overrides sit on the host's key and call
+  its original kernel (``torch.library.get_kernel``) when the route says CPU;
+- *real* targets: overrides sit on the target's key, where the op has no kernel.
+
+An overridden op runs, in the order of :mod:`.decide`: a registered kernel; its own
+CompositeExplicitAutograd kernel; a ``torch._decomp`` decomposition (each piece routed
+again, recursion guarded); or the CPU fallback — inputs copied to the CPU, the op run
+there unrouted, results copied back, mutated arguments written back in place, bytes counted
+each way. Views, metadata and copy ops are never overridden (they must alias the device's
+tensors). ``attach(session)`` is called by the session and returns the :class:`Engine`.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from typing import Any, Callable
+
+from .. import _torch_private as tp
+from . import ops_table, rules
+from .decide import Route, RouteDecision, decide_name
+from .log import RoutingLog
+from .policy import FallbackCounter, Policy, make_policy
+
+__all__ = ["Engine", "attach", "state"]
+
+
+class _State(threading.local):
+    """Per-thread engine state (autograd's CPU backward runs on the calling thread)."""
+
+    def __init__(self) -> None:
+        self.stack: list[str] = []  # ops being decomposed (recursion guard)
+        self.bypass = 0  # > 0 inside a CPU fallback: ops run as the host runs them
+        self.recorded: str | None = None  # op a trace recorder is counting (it records after the call)
+        self.decided: Any = None  # the decision that op really took (a declined decomposition: fallback)
+        self.parent: str | None = None  # the composite op whose pieces are running
+        self.child_ns = 0  # time of recorded children, for self time
+        self.recorder: Any = None  # the active trace recorder mode, re-entered for pieces
+        self.popped = False  # the recorder is handling an op (so it is off the mode stack)
+
+
+state = _State()
+
+
+def _map(obj: Any, fn: Callable[[Any], Any], kind: type) -> Any:
+    if isinstance(obj, kind):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map(o, fn, kind) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _map(v, fn, kind) for k, v in obj.items()}
+    return obj
+
+
+class Engine:
+    """The routing engine of one session: decisions, overrides, logs. ``detach()`` undoes all."""
+
+    def __init__(self, session: Any) -> None:
+        import torch
+
+        tp.check_routing_support()
+        self._torch = torch
+        self.session = session
+        self.target = session.target
+        from .profiles import profile_for
+
+        self.profile = profile_for(session.target)
+        self.simulated = bool(session.target.simulated)
+        self.key = tp.dispatch_key_for_device(session.target.device_type) if self.simulated \
+            else session.target.dispatch_key
+        self.device = session.target.device()
+        self.on_cpu_key = self.key == "CPU"  # overrides replace CPU kernels: call the originals
+        self.log = RoutingLog(session.target.name, self.simulated)  # the whole session's log
+        self.logs: list[RoutingLog] = [self.log]
+        self.counter = FallbackCounter(session.target.label)
+        self.policy = Policy()
+        self._config: Any = None  # the last config applied
+        self.overrides: dict[str, RouteDecision] = {}
+        self._libs: dict[str, Any] = {}
+        self._lock = threading.RLock()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def reconfigure(self, config: Any) -> None:
+        """Apply the config's ``fallback``/``force_cpu``/``deny`` now. They are checked first:
+        on an error nothing changes (the session's config is put back to the last good one)."""
+        try:
+            policy = make_policy(config, self.profile)
+        except Exception:
+            if self._config is not None:
+                self.session.config = self._config
+            raise
+        with self._lock:
+            self.policy, self._config = policy, config
+            self._install()
+
+    def refresh(self) -> None:
+        """Re-read the registry (after a register_*/remove)."""
+        with self._lock:
+            self._install()
+
+    def detach(self) -> None:
+        """Remove every kernel this engine registered; torch dispatches as before."""
+        with self._lock:
+            for lib in self._libs.values():
+                lib._destroy()
+            self._libs.clear()
+            self.overrides.clear()
+
+    def _registry(self) -> Any:
+        from .registry import registry_of
+
+        reg = registry_of(self.session, create=False)
+        return reg.snapshot() if reg is not None else None
+
+    def decide(self, op: Any) -> RouteDecision:
+        """This session's decision for ``op`` (name or OpOverload)."""
+        name = op.name() if hasattr(op, "_schema") else op
+        return decide_name(name, self.profile, self._registry(), self.policy)
+
+    def _candidates(self) -> set[str]:
+        names = set(ops_table.load_table()) | set(self.policy.force_cpu) | set(self.policy.deny)
+        snap = self._registry()
+        if snap is not None:
+            names |= {op for op, _ in snap.accelerated} | set(snap.fallback)
+        return names
+
+    def _needs_override(self, d: RouteDecision) -> bool:
+        if d.op in rules.ENGINE_OPS or d.via in ("view", "metadata", ops_table.COMPOSITE_IMPLICIT):
+            return False
+        if d.via == "register_accelerated" or d.via == "register_fallback" or d.via == "torch._decomp":
+            return True
+        if d.via in ops_table.EXPLICIT_KEYS:  # only where the device has its own kernel instead
+            return tp.has_kernel_for_key(d.op, self.key) and tp.has_kernel_for_key(d.op, d.via)
+        if d.route is Route.FALLBACK:  # only when the CPU can run it (else plain torch's error stands)
+            return tp.host_kernel(d.op, "CPU") is not None
+        return False
+
+    def _install(self) -> None:
+        for lib in self._libs.values():
+            lib._destroy()
+        self._libs.clear()
+        self.overrides = {}
+        snap = self._registry()
+        for name in sorted(self._candidates()):
+            d = decide_name(name, self.profile, snap, self.policy)
+            if not self._needs_override(d):
+                continue
+            try:
+                op = tp.resolve_op(name)
+            except AttributeError:  # in the YAML but not built into this torch
+                continue
+            original = tp.host_kernel(name, self.key)
+            ns = name.partition("::")[0]
+            lib = self._libs.get(ns) or self._libs.setdefault(ns, tp.kernel_library(ns))
+            tp.register_python_kernel(lib, name, self._kernel(d, op, original), self.key)
+            self.overrides[name] = d
+
+    # -- execution ---------------------------------------------------------------------------
+    def _kernel(self, d: RouteDecision, op: Any, original: Any) -> Callable[..., Any]:
+        def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+            return self.run(d, op, original, keyset, args, kwargs)
+
+        kernel.__name__ = f"torch_adapter_{d.route.value}_{d.op}"
+        return kernel
+
+    def run(self, d: RouteDecision, op: Any, original: Any, keyset: Any, args: tuple, kwargs: dict) -> Any:
+        st = state
+        if st.bypass:  # inside a CPU fallback: the op runs as the CPU runs it, unrouted, unrecorded
+            if self.on_cpu_key:
+                return self._host(op, original, keyset, args, kwargs)
+            return self._fallback(op, original, keyset, args, kwargs)[0]
+        counted = st.recorded == d.op
+        st.recorded = None
+        saved_child, st.child_ns = st.child_ns, 0
+        copied = (0, 0)
+        t0 = time.perf_counter_ns()
+        try:
+            if d.via == "torch._decomp":
+                out = NotImplemented
+                if d.op in st.stack:  # the decomposition calls the op itself
+                    d = _declined(d, "its torch._decomp decomposition calls the op itself")
+                else:
+                    out = self._decompose(d, args, kwargs)
+                    if out is NotImplemented:
+                        d = _declined(d, "its torch._decomp decomposition returned NotImplemented for these arguments")
+                if out is NotImplemented:
+                    out, copied = self._cpu(d, op, original, keyset, args, kwargs)
+            elif d.via in ops_table.EXPLICIT_KEYS:
+                out = self._pieces(d, tp.call_composite_explicit, op, d.via, args, kwargs)
+            elif d.via in ("register_fallback", "register_accelerated"):
+                out = self._registered(d, args, kwargs)
+            else:
+                out, copied = self._cpu(d, op, original, keyset, args, kwargs)
+        finally:
+            dt = time.perf_counter_ns() - t0
+            children, st.child_ns = st.child_ns, saved_child + dt
+        if counted:
+            st.decided = d
+        for log in self.logs:
+            log.add_decision(d, calls=0 if counted and log is not self.log else 1, self_time_ns=dt - children,
+                             bytes_to_cpu=copied[0], bytes_from_cpu=copied[1], parent=st.parent, find_site=True)
+        return out
+
+    def _host(self, op: Any, original: Any, keyset: Any, args: tuple, kwargs: dict) -> Any:
+        """Run ``op`` as the CPU runs it: the host kernel we replaced (simulated targets and the
+        CPU target), or a plain call on CPU tensors (other real targets: the CPU key is ours not)."""
+        if not self.on_cpu_key:
+            return op(*args, **kwargs)
+        if original is None:
+            raise NotImplementedError(f"{op.name()}: the CPU has no kernel for it, so its fallback cannot run")
+        return original.call_boxed(keyset, *args, **kwargs)
+
+    def _pieces(self, d: RouteDecision, fn: Callable[..., Any], *call: Any) -> Any:
+        st = state
+        parent, st.parent = st.parent, d.op
+        try:
+            if st.recorder is not None and st.popped:  # put the recorder back: pieces are recorded
+                st.popped = False
+                try:
+                    with st.recorder:
+                        return fn(*call)
+                finally:
+                    st.popped = True
+            return fn(*call)
+        finally:
+            st.parent = parent
+
+    def _decompose(self, d: RouteDecision, args: tuple, kwargs: dict) -> Any:
+        st = state
+        st.stack.append(d.op)
+        try:
+            fn = tp.decompositions()[d.op]
+            return self._pieces(d, lambda: fn(*args, **kwargs))
+        finally:
+            st.stack.pop()
+
+    def _registered(self, d: RouteDecision, args: tuple, kwargs: dict) -> Any:
+        from .registry import registry_of
+
+        reg = registry_of(self.session, create=False)
+        kind = "accelerated" if d.via == "register_accelerated" else "fallback"
+        fn = reg.function(kind, d.op, self.profile.name if kind == "accelerated" else None) if reg else None
+        if fn is None:  # removed while the kernel was still registered
+            raise RuntimeError(f"{d.op}: its register_{kind} implementation was removed")
+        return self._pieces(d, lambda: fn(*args, **kwargs))
+
+    def _cpu(self, d: RouteDecision, op: Any, original: Any, keyset: Any, args: tuple,
+             kwargs: dict) -> tuple[Any, tuple[int, int]]:
+        """The CPU fallback under the session's policy (raise / warn / count)."""
+        self.counter.check(self.policy, d)
+        out, copied = self._fallback(op, original, keyset, args, kwargs)
+        self.counter.count(self.policy, d, copied[0] + copied[1])
+        return out, copied
+
+    def _fallback(self, op: Any, original: Any, keyset: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple[int, int]]:
+        """Copy tensors to the CPU, run the op there, copy results back; mutated arguments are
+        written back in place and returned as themselves. Returns (out, (bytes in, bytes out)).
+
+        Simulated on a CPU host, "the device" is the CPU too: tensors are cloned each way so
+        the copies (and their cost) are real. On the real CPU target nothing is copied."""
+        torch = self._torch
+        Tensor = torch.Tensor
+        mode = "none" if self.on_cpu_key and not self.simulated else ("clone" if self.on_cpu_key else "move")
+        moved: dict[int, Any] = {}
+        back: dict[int, Any] = {}
+        nbytes = [0, 0]
+
+        def to_cpu(t: Any) -> Any:
+            if id(t) in moved:
+                return moved[id(t)]
+            if mode == "none" or (mode == "move" and t.device.type == "cpu"):
+                return t
+            c = t.clone() if mode == "clone" else t.to("cpu")
+            nbytes[0] += t.nbytes
+            moved[id(t)] = c
+            back[id(c)] = t
+            return c
+
+        def to_device(c: Any) -> Any:
+            if id(c) in back:  # returned a (mutated) input: give back the original
+                return back[id(c)]
+            if mode == "none":
+                return c
+            nbytes[1] += c.nbytes
+            return c.clone() if mode == "clone" else c.to(self.device)
+
+        st = state
+        st.bypass += 1
+        try:
+            cargs = _map(args, to_cpu, Tensor)
+            ckwargs = _map(kwargs, to_cpu, Tensor)
+            if mode == "move" and ckwargs.get("device") is not None:
+                ckwargs["device"] = torch.device("cpu")
+            out = self._host(op, original, keyset, cargs, ckwargs)
+            schema = op._schema.arguments
+            values = (*args, *[kwargs.get(a.name) for a in schema[len(args):]])
+            for arg, value in zip(schema, values):
+                if arg.alias_info is not None and arg.alias_info.is_write:
+                    _map(value, lambda t: _write_back(t, moved, nbytes), Tensor)
+            result = _map(out, to_device, Tensor)
+        finally:
+            st.bypass -= 1
+        return result, (nbytes[0], nbytes[1])
+
+    # -- recording ----------------------------------------------------------------------------
+    def add_log(self, log: RoutingLog) -> None:
+        with self._lock:
+            self.logs = [*self.logs, log]
+
+    def remove_log(self, log: RoutingLog) -> None:
+        with self._lock:
+            self.logs = [x for x in self.logs if x is not log]
+
+    def __repr__(self) -> str:
+        return (f"<routing Engine {self.target.label}: {len(self.overrides)} ops overridden on {self.key}, "
+                f"fallback={self.policy.fallback!r}>")
+
+
+@functools.lru_cache(maxsize=None)
+def _declined(d: RouteDecision, why: str) -> RouteDecision:
+    return RouteDecision(d.op, Route.FALLBACK, f"{d.reason.split(';')[0]}; {why}, so this call runs on the CPU", "cpu")
+
+
+def _write_back(orig: Any, moved: dict[int, Any], nbytes: list[int]) -> None:
+    c = moved.get(id(orig))
+    if c is None or c is orig:
+        return
+    if orig.shape != c.shape:
+        orig.resize_(c.shape)
+    orig.copy_(c)
+    nbytes[1] += c.nbytes
+
+
+def attach(session: Any) -> Engine:
+    """Called by the session when ops must be enforced; returns the engine (the handle)."""
+    engine = Engine(session)
+    engine.reconfigure(session.config)
+    return engine

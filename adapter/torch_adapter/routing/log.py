@@ -1,0 +1,235 @@
+"""RoutingLog: what ran how — per (op, route, parent): calls, self time, bytes copied, why.
+
+Filled by the engine and ``trace()`` recorders, or by anyone through :meth:`RoutingLog.add`
+and :meth:`RoutingLog.merge` (the observer on real targets adds its counts this way).
+Renderings are pure functions of the data: :meth:`~RoutingLog.to_json` (schema below,
+documented in docs/routing.md), :meth:`~RoutingLog.table`, and a rich table
+(:meth:`~RoutingLog.render`, ``__rich__``).
+
+JSON schema ``torch-adapter.routing-log`` version 1::
+
+    {"schema": "torch-adapter.routing-log", "version": 1, "target": "mps", "simulated": true,
+     "summary": {"native": 10, "composite": 2, "fallback": 1},          # op call counts
+     "ops": [{"op": "aten::add.Tensor", "route": "native", "calls": 10, "self_time_ms": 0.4,
+              "bytes_copied": 0, "bytes_to_cpu": 0, "bytes_from_cpu": 0,
+              "reason": "...", "via": "MPS", "parent": null,
+              "site": {"file": "train.py", "line": 12, "function": "step"}}]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["OpRecord", "RoutingLog", "SCHEMA", "VERSION", "user_site"]
+
+SCHEMA = "torch-adapter.routing-log"
+VERSION = 1
+_ROUTES = ("native", "composite", "fallback")
+
+
+def user_site(depth: int = 1) -> dict[str, Any] | None:
+    """The innermost calling frame that is user code: file, line, function (see _callsite)."""
+    from .._callsite import user_site as _user_site
+
+    return _user_site(depth + 1)
+
+
+@dataclass
+class OpRecord:
+    """The counters of one (op, route, parent)."""
+
+    op: str
+    route: str
+    calls: int = 0
+    self_time_ns: int = 0
+    bytes_to_cpu: int = 0
+    bytes_from_cpu: int = 0
+    reason: str = ""
+    via: str | None = None
+    site: dict[str, Any] | None = None
+    parent: str | None = None
+
+    @property
+    def bytes_copied(self) -> int:
+        return self.bytes_to_cpu + self.bytes_from_cpu
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "route": self.route, "calls": self.calls,
+                "self_time_ms": round(self.self_time_ns / 1e6, 6), "bytes_copied": self.bytes_copied,
+                "bytes_to_cpu": self.bytes_to_cpu, "bytes_from_cpu": self.bytes_from_cpu,
+                "reason": self.reason, "via": self.via, "site": self.site, "parent": self.parent}
+
+
+def _route(route: Any) -> str:
+    value = getattr(route, "value", route)
+    if value not in _ROUTES:
+        from ..errors import UsageError, format_error
+
+        raise UsageError(format_error("RoutingLog.add(route=...)", f"one of {_ROUTES} or a Route",
+                                      repr(route), fix='e.g. log.add("aten::add.Tensor", "native")'))
+    return value
+
+
+class RoutingLog:
+    """Routing events of one scope (a ``trace()`` block, a notebook cell, a whole run)."""
+
+    def __init__(self, target: str = "", simulated: bool = False) -> None:
+        self.target = target
+        self.simulated = simulated
+        self.entries: dict[tuple[str, str, str | None], OpRecord] = {}
+        self.meta: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    # -- filling -------------------------------------------------------------------------
+    def add(self, op: str, route: Any, *, calls: int = 1, self_time_ns: int = 0, bytes_to_cpu: int = 0,
+            bytes_from_cpu: int = 0, reason: str = "", via: str | None = None,
+            site: dict[str, Any] | None = None, parent: str | None = None, find_site: bool = False) -> OpRecord:
+        """Add counts to the (op, route, parent) entry, creating it (with ``site``) if new.
+
+        ``find_site=True`` looks up the first user call site when the entry is new.
+        """
+        key = (op, _route(route), parent)
+        with self._lock:
+            rec = self.entries.get(key)
+            if rec is None:
+                if site is None and find_site:
+                    site = user_site(2)
+                rec = self.entries[key] = OpRecord(op, key[1], reason=reason, via=via, site=site, parent=parent)
+            rec.calls += calls
+            rec.self_time_ns += self_time_ns
+            rec.bytes_to_cpu += bytes_to_cpu
+            rec.bytes_from_cpu += bytes_from_cpu
+        return rec
+
+    def add_decision(self, decision: Any, **counts: Any) -> OpRecord:
+        """:meth:`add` with op, route, reason and via taken from a RouteDecision."""
+        return self.add(decision.op, decision.route, reason=decision.reason, via=decision.via, **counts)
+
+    def merge(self, other: "RoutingLog") -> "RoutingLog":
+        """Add every entry of ``other`` to this log (sites: the first one seen wins). Returns self."""
+        for rec in list(other.entries.values()):
+            self.add(rec.op, rec.route, calls=rec.calls, self_time_ns=rec.self_time_ns,
+                     bytes_to_cpu=rec.bytes_to_cpu, bytes_from_cpu=rec.bytes_from_cpu, reason=rec.reason,
+                     via=rec.via, site=rec.site, parent=rec.parent)
+        return self
+
+    def clear(self) -> None:
+        with self._lock:
+            self.entries.clear()
+
+    # -- reading ---------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def summary(self) -> dict[str, int]:
+        """Op call counts per route: ``{"native": n, "composite": n, "fallback": n}``."""
+        out = dict.fromkeys(_ROUTES, 0)
+        for rec in list(self.entries.values()):
+            out[rec.route] += rec.calls
+        return out
+
+    @property
+    def bytes_copied(self) -> int:
+        return sum(rec.bytes_copied for rec in list(self.entries.values()))
+
+    def routes(self, parent: Any = ...) -> dict[str, str]:
+        """``{op: route}`` (the last route seen per op); ``parent=None`` keeps top-level calls only."""
+        return {r.op: r.route for r in self.records() if parent is ... or r.parent == parent}
+
+    def records(self) -> list[OpRecord]:
+        """Entries, fallbacks first, then composite, then native; most calls first."""
+        order = {"fallback": 0, "composite": 1, "native": 2}
+        return sorted(self.entries.values(), key=lambda r: (order[r.route], -r.calls, r.op, r.parent or ""))
+
+    def table(self) -> list[dict[str, Any]]:
+        """One JSON-able row per entry (the ``ops`` list of :meth:`to_dict`)."""
+        return [rec.as_dict() for rec in self.records()]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"schema": SCHEMA, "version": VERSION, "target": self.target, "simulated": self.simulated,
+               "summary": self.summary(), "ops": self.table()}
+        if self.meta:
+            out["meta"] = dict(self.meta)
+        return out
+
+    def to_json(self, indent: int | None = None) -> str:
+        """The log as JSON (schema ``torch-adapter.routing-log``, version 1)."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RoutingLog":
+        from ..errors import UsageError, format_error
+
+        if data.get("schema") != SCHEMA or data.get("version") != VERSION:
+            raise UsageError(format_error(
+                "RoutingLog.from_dict()", f"schema {SCHEMA!r} version {VERSION}",
+                f"schema {data.get('schema')!r} version {data.get('version')!r}",
+                fix="pass the output of RoutingLog.to_dict()/to_json()"))
+        log = cls(data.get("target", ""), bool(data.get("simulated", False)))
+        log.meta = dict(data.get("meta") or {})
+        for row in data.get("ops", []):
+            log.add(row["op"], row["route"], calls=row["calls"], self_time_ns=int(row["self_time_ms"] * 1e6),
+                    bytes_to_cpu=row.get("bytes_to_cpu", row["bytes_copied"]),
+                    bytes_from_cpu=row.get("bytes_from_cpu", 0), reason=row.get("reason", ""),
+                    via=row.get("via"), site=row.get("site"), parent=row.get("parent"))
+        return log
+
+    @classmethod
+    def from_json(cls, text: str) -> "RoutingLog":
+        return cls.from_dict(json.loads(text))
+
+    # -- rendering ---------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        s = self.summary()
+        return (f"<RoutingLog {self.target or '?'}{' (simulated)' if self.simulated else ''}: "
+                f"{s['native']} native, {s['composite']} composite, {s['fallback']} fallback calls, "
+                f"{_fmt_bytes(self.bytes_copied)} copied>")
+
+    def __rich__(self) -> Any:
+        return rich_table(self)
+
+    def render(self, width: int = 120, limit: int | None = 40) -> str:
+        """The rich table as plain text (what ``torch-adapter run --report`` prints)."""
+        from rich.console import Console
+
+        console = Console(width=width, record=True, file=open(os.devnull, "w"), color_system=None)
+        console.print(rich_table(self, limit=limit))
+        console.file.close()
+        return console.export_text()
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    return f"{n} B"  # pragma: no cover
+
+
+def rich_table(log: RoutingLog, limit: int | None = 40) -> Any:
+    """A ``rich.table.Table`` of the log (fallbacks first)."""
+    from rich.table import Table
+
+    s = log.summary()
+    title = (f"Routing on {log.target or '?'}{' (simulated)' if log.simulated else ''}: "
+             f"{s['native']} native · {s['composite']} composite · {s['fallback']} fallback calls · "
+             f"{_fmt_bytes(log.bytes_copied)} copied")
+    table = Table(title=title, show_lines=False)
+    for col, justify in (("op", "left"), ("route", "left"), ("calls", "right"), ("self ms", "right"),
+                         ("copied", "right"), ("reason", "left"), ("first call site", "left")):
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    style = {"native": "green", "composite": "yellow", "fallback": "red"}
+    records = log.records()
+    for rec in records[:limit] if limit else records:
+        site = f"{os.path.basename(rec.site['file'])}:{rec.site['line']}" if rec.site else ""
+        op = f"  └ {rec.op}" if rec.parent else rec.op
+        table.add_row(op, f"[{style[rec.route]}]{rec.route}[/]", str(rec.calls), f"{rec.self_time_ns / 1e6:.2f}",
+                      _fmt_bytes(rec.bytes_copied) if rec.bytes_copied else "", rec.reason, site)
+    if limit and len(records) > limit:
+        table.caption = f"{len(records) - limit} more entries: log.table() has them all"
+    return table
+

@@ -1,0 +1,143 @@
+"""Fallback policy: ``configure(fallback="allow"|"warn"|"error", force_cpu=[...], deny=[...])``.
+
+- ``fallback="allow"`` runs ops the target lacks on the CPU silently (counted in the log);
+- ``"warn"`` warns with a :class:`FallbackWarning` that carries the op's running count and
+  bytes copied — at its 1st, 2nd, 4th, 8th ... call, never silenced after the first;
+- ``"error"`` raises :class:`~torch_adapter.errors.FallbackError` naming the op, the target,
+  the reason and the ways out;
+- ``force_cpu`` sends ops to the CPU even when the target has them (a buggy kernel);
+- ``deny`` makes those ops an error whenever they would run on the CPU, whatever
+  ``fallback`` says.
+
+Op names are checked when the policy is made: unknown names raise UsageError, names of
+ops the target runs natively warn (the policy would have no effect, or — for
+``force_cpu`` — moves a native op to the CPU).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from ..errors import FallbackError, UsageError, format_error
+
+__all__ = ["Policy", "FallbackWarning", "PolicyWarning", "make_policy", "policy_of", "FallbackCounter"]
+
+
+class FallbackWarning(UserWarning):
+    """An op ran on the CPU because the target lacks it (``fallback="warn"``)."""
+
+
+class PolicyWarning(UserWarning):
+    """A policy entry that has no effect, or moves a native op to the CPU."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The routing part of a session's Config, with op names resolved to overloads."""
+
+    fallback: str = "allow"
+    force_cpu: frozenset[str] = frozenset()
+    deny: frozenset[str] = frozenset()
+
+
+def _expand(names: Iterable[str], option: str, known: frozenset[str]) -> dict[str, frozenset[str]]:
+    """``{name as given: op overloads it names}``; a packet name ("aten::mm") names all overloads."""
+    from .decide import _candidates, op_name
+    from .profiles import match_ops
+
+    out: dict[str, frozenset[str]] = {}
+    for raw in names:
+        if not isinstance(raw, str):
+            raise UsageError(format_error(
+                f"torch_adapter.configure({option}=...)", 'op names such as "aten::nonzero"',
+                f"{raw!r} ({type(raw).__name__})", fix=f'e.g. configure({option}=["aten::nonzero"])'))
+        (name,) = _candidates(raw)
+        found = match_ops([name], known)[name]
+        if not found:
+            op_name(raw, call=f"torch_adapter.configure({option}=[{raw!r}])")  # raises, with suggestions
+        out[raw] = frozenset(found)
+    return out
+
+
+def _warn(message: str) -> None:
+    from .log import user_site
+
+    site = user_site() or {"file": "<torch_adapter>", "line": 0}
+    warnings.warn_explicit(message, PolicyWarning, site["file"], site["line"])
+
+
+def make_policy(config: Any, profile: Any) -> Policy:
+    """Check ``config``'s routing options against ``profile`` and resolve op names."""
+    from . import rules
+    from .decide import decide_name, known_op_names
+
+    known = known_op_names()
+    force = _expand(config.force_cpu, "force_cpu", known)
+    deny = _expand(config.deny, "deny", known)
+    for raw, ops in force.items():
+        if any(n in rules.ENGINE_OPS or decide_name(n, profile).via in ("view", "metadata") for n in ops):
+            raise UsageError(format_error(
+                f"torch_adapter.configure(force_cpu=[{raw!r}])", "ops that compute (not views, metadata or copies)",
+                repr(raw), why="a view or copy op moved to the CPU could no longer alias the target's tensor",
+                fix=f"remove {raw!r} from force_cpu"))
+        if any(profile.is_native(n) for n in ops):
+            cost = "changes nothing but the path" if profile.dispatch_key == "CPU" else "adds copies each call"
+            _warn(f"configure(force_cpu=[{raw!r}]): {raw} has a native {profile.dispatch_key} kernel on "
+                  f"{profile.name}; forcing it to the CPU {cost}")
+    for raw, ops in deny.items():
+        routes = {n: decide_name(n, profile) for n in ops}
+        if all(d.route.value != "fallback" for d in routes.values()):
+            reason = next(iter(routes.values())).reason
+            _warn(f"configure(deny=[{raw!r}]): {raw} never runs on the CPU on {profile.name} ({reason}); "
+                  f"deny has no effect there")
+    return Policy(config.fallback, frozenset().union(*force.values()), frozenset().union(*deny.values()))
+
+
+def policy_of(session: Any) -> Policy | None:
+    """The Policy the session's engine enforces, or None when no engine is attached."""
+    handle = getattr(session, "routing", None)
+    return getattr(handle, "policy", None)
+
+
+class FallbackCounter:
+    """Per-op fallback counts of one session; raises or warns as the policy says."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.calls: dict[str, int] = {}
+        self.bytes: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def check(self, policy: Policy, decision: Any) -> None:
+        """Called before an op runs on the CPU: raise under "error"/deny."""
+        op = decision.op
+        if op in policy.deny or policy.fallback == "error":
+            why = "it is in configure(deny=...)" if op in policy.deny else 'the fallback policy is "error"'
+            raise FallbackError(format_error(
+                f"{op} on {self.target}", "an op the target runs natively or by decomposition",
+                f"a CPU fallback ({decision.reason})", why=why,
+                fix=(f"register an implementation with @torch_adapter.register_fallback({op!r}), or allow it: "
+                     f"configure(fallback='warn') / configure(fallback='allow')"
+                     + (f" and remove {op!r} from deny" if op in policy.deny else ""))))
+
+    def count(self, policy: Policy, decision: Any, nbytes: int) -> None:
+        """Count one CPU call of ``decision.op``; warn at the 1st, 2nd, 4th, 8th ... call."""
+        op = decision.op
+        with self._lock:
+            n = self.calls.get(op, 0) + 1
+            self.calls[op] = n
+            total = self.bytes.get(op, 0) + nbytes
+            self.bytes[op] = total
+        if policy.fallback == "warn" and n & (n - 1) == 0:
+            from .log import user_site
+
+            site = user_site() or {"file": "<torch>", "line": 0, "function": ""}
+            warnings.warn_explicit(
+                f"{op} ran on the CPU on {self.target}: call {n} of this op so far, "
+                f"{total / 1e6:.3g} MB copied ({decision.reason}). Next warning at call {2 * n}. "
+                f"Fix: register an implementation with torch_adapter.register_fallback({op!r}), "
+                f"or silence with configure(fallback='allow').",
+                FallbackWarning, site["file"], site["line"])

@@ -1,0 +1,124 @@
+"""The benchmark harness: interleaving, ratio math, JSON — with real (tiny) workloads.
+
+No timing assertions: this machine is shared; only the bookkeeping is checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import harness, workloads  # noqa: E402
+from torch_adapter.errors import UsageError  # noqa: E402
+
+
+def _recording(name: str, log: list[str]) -> harness.Configuration:
+    @contextlib.contextmanager
+    def context():
+        log.append(name)
+        yield
+
+    return harness.Configuration(name, context, "cpu")
+
+
+def test_schedule_abab_and_abba():
+    assert harness.schedule(["a", "b"], 3) == ["a", "b", "a", "b", "a", "b"]
+    assert harness.schedule(["a", "b", "c"], 2, "abba") == ["a", "b", "c", "c", "b", "a"]
+    with pytest.raises(UsageError, match="order 'abab' or 'abba'"):
+        harness.schedule(["a"], 1, "random")
+
+
+def test_run_interleaves_blocks_in_schedule_order():
+    log: list[str] = []
+    configs = [_recording("a", log), _recording("b", log)]
+    result = harness.run(workloads.mlp, configs, repeats=3, steps=2, warmup=1, settle=0)
+    # first one build per configuration, then one context entry per block, ABAB
+    assert log == ["a", "b", "a", "b", "a", "b", "a", "b"]
+    assert result.schedule == ["a", "b"] * 3
+    for cfg in result.configs:
+        assert len(cfg.wall) == len(cfg.cpu) == 3
+        assert all(t > 0 for t in cfg.wall)
+
+
+def test_ratios_are_computed_from_medians():
+    base = harness.ConfigResult("plain", "cpu", "", None, wall=[1.0, 3.0, 2.0], cpu=[1.0, 1.0, 1.0])
+    other = harness.ConfigResult("x", "cpu", "", 0.9, wall=[2.0, 4.0, 2.5], cpu=[2.0, 2.0, 2.0])
+    result = harness.BenchResult("t", "mlp", 3, 1, 0, 0, "abab", [], [base, other], {})
+    harness._summarize(result)
+    assert base.kept == 1.0
+    assert other.median_s == 2.5
+    assert other.kept == pytest.approx(2.0 / 2.5)  # median(plain) / median(x)
+    assert other.paired_kept == pytest.approx(0.75)  # median of 0.5, 0.75, 0.8
+    assert (other.paired_min, other.paired_max) == (pytest.approx(0.5), pytest.approx(0.8))
+    assert other.best_kept == pytest.approx(1.0 / 2.0)
+    assert other.cpu_kept == pytest.approx(0.5)
+    assert other.passed is False and base.passed is None
+    assert other.throughput == pytest.approx(1 / 2.5)
+
+
+def test_json_written_and_readable(tmp_path):
+    result = harness.run(workloads.mlp, [harness.plain("cpu"), harness.plain("cpu", name="again")],
+                         repeats=2, steps=1, warmup=0, name="unit")
+    path = harness.write_json(result, tmp_path)
+    assert path == tmp_path / "unit.json"
+    data = json.loads(path.read_text())
+    assert data["workload"] == "mlp" and data["repeats"] == 2
+    assert [c["name"] for c in data["configs"]] == ["plain", "again"]
+    assert data["configs"][0]["kept"] == 1.0
+    assert len(data["configs"][1]["wall"]) == 2
+    assert "torch" in data["meta"]
+
+
+def test_min_block_raises_steps():
+    # a ~1 ms step: a 0.3 s block needs far more than one step, however busy the machine
+    result = harness.run(workloads.mlp, [harness.plain("cpu")], repeats=1, steps=1, warmup=2, min_block_s=0.3)
+    assert result.steps > 1
+
+
+def test_time_budget_stops_after_two_rounds():
+    result = harness.run(workloads.mlp, [harness.plain("cpu"), harness.plain("cpu", name="b")],
+                         repeats=6, steps=1, warmup=0, budget_s=0.0)
+    assert result.repeats == 2 and result.meta["stopped_early"] is True
+    assert result.schedule == ["plain", "b", "plain", "b"]
+    assert [len(c.wall) for c in result.configs] == [2, 2]
+
+
+def test_adapted_configuration_runs_the_cuda_written_workload():
+    result = harness.run(workloads.mlp, [harness.plain(), harness.adapted("cpu", goal=0.5)],
+                         repeats=2, steps=1, warmup=0)
+    adapted = result.by_name("adapted")
+    assert adapted.device == "cuda" and result.by_name("plain").device == "cpu"
+    assert adapted.kept > 0
+
+
+def test_cli_helpers_select_and_write(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    harness.add_arguments(parser, workloads=["mlp"])
+    out = tmp_path / "cli.json"
+    args = parser.parse_args(["--workload", "mlp", "--configs", "plain", "--repeats", "1", "--steps", "1",
+                              "--warmup", "0", "--min-block", "0", "--json", str(out), "-q"])
+    results = harness.run_from_args(args, [workloads.mlp], [harness.plain("cpu"), harness.plain("cpu", name="b")],
+                                    default_name="unit")
+    assert [c.name for c in results[0].configs] == ["plain"]
+    assert json.loads(out.read_text())["name"] == "cli"
+    assert "[1/" not in capsys.readouterr().err  # -q: no progress lines
+    with pytest.raises(UsageError, match="--configs"):
+        harness.select([harness.plain("cpu")], "plain,nope")
+
+
+def test_run_rejects_bad_arguments():
+    with pytest.raises(UsageError, match="at least one configuration"):
+        harness.run(workloads.mlp, [], repeats=1)
+    with pytest.raises(UsageError, match="distinct configuration names"):
+        harness.run(workloads.mlp, [harness.plain("cpu"), harness.plain("cpu")], repeats=1)
+    with pytest.raises(UsageError, match="one of"):
+        workloads.get("resnet9000")
