@@ -271,3 +271,13 @@ def test_is_cuda_stays_truthful():
     x = torch.ones(1).cuda()
     assert x.is_cuda is False and x.device.type == "cpu"
     assert torch.cuda.is_available() is True
+
+
+@pytest.mark.slow
+def test_torch_compile_cuda_graph_modes_run_on_the_cpu_target():
+    session = torch_adapter.install("cpu")
+    f = torch.compile(lambda x: (x * 2).sin(), mode="reduce-overhead")
+    x = torch.randn(8, device="cuda")
+    torch.testing.assert_close(f(x), (x * 2).sin())
+    rows = [e for e in session.redirect_log.entries() if e.kind == "compile"]
+    assert rows and rows[0].asked == "torch.compile(mode='reduce-overhead')" and "'default'" in rows[0].became

@@ -36,6 +36,7 @@ __all__ = [
     "export",
     "memory",
     "coverage",
+    "prepare",
     "redirect_log",
     "errors",
     "load_ipython_extension",
@@ -65,6 +66,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "export": ("exporting", "export"),
     "memory": ("memory", None),
     "coverage": ("coverage", None),
+    "prepare": ("preparing", "prepare"),
     "load_ipython_extension": ("jupyter.extension", "load_ipython_extension"),
     "unload_ipython_extension": ("jupyter.extension", "unload_ipython_extension"),
 }

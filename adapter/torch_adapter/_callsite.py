@@ -43,9 +43,19 @@ def _is_user(path: str) -> bool:
     return not os.path.abspath(path).startswith(_skip_dirs())
 
 
+def _frame(depth: int) -> Any:
+    """``sys._getframe(depth)``, or the outermost frame when the stack is shallower."""
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame.f_back is None:
+            break
+        frame = frame.f_back
+    return frame
+
+
 def user_frame(depth: int = 1) -> Any:
     """The innermost user frame above the caller (or the outermost frame if none is)."""
-    frame = sys._getframe(depth + 1)
+    frame = _frame(depth + 1)
     last = frame
     while frame is not None:
         if _is_user(frame.f_code.co_filename):
@@ -57,7 +67,7 @@ def user_frame(depth: int = 1) -> Any:
 
 def user_site(depth: int = 1) -> dict[str, Any] | None:
     """``{"file", "line", "function"}`` of the innermost user frame, or None."""
-    frame = sys._getframe(depth + 1)
+    frame = _frame(depth + 1)
     while frame is not None:
         if _is_user(frame.f_code.co_filename):
             return {"file": frame.f_code.co_filename, "line": frame.f_lineno, "function": frame.f_code.co_name}

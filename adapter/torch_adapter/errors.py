@@ -12,7 +12,10 @@
     ├── RegistrationError (+ ValueError)
     │                                   a duplicate or invalid register_* call
     ├── FallbackError (+ RuntimeError)  fallback policy "error" met an op the target lacks
-    └── CheckError (+ RuntimeError)     the `check` command cannot read its input
+    ├── CheckError (+ RuntimeError)     the `check` command cannot read its input
+    └── NumericsError (+ FloatingPointError)
+                                        a debug check found a NaN/Inf or a CPU mismatch
+                                        (torch_adapter.debug); names op, route, module, line
 
 Every message has five parts: the call, what was expected, what was given, why, and
 the fix. :func:`format_error` assembles them so that all messages read alike.
@@ -29,6 +32,7 @@ __all__ = [
     "RegistrationError",
     "FallbackError",
     "CheckError",
+    "NumericsError",
     "format_error",
 ]
 
@@ -63,6 +67,15 @@ class FallbackError(AdapterError, RuntimeError):
 
 class CheckError(AdapterError, RuntimeError):
     """`torch-adapter check` could not read or write what it was given."""
+
+
+class NumericsError(AdapterError, FloatingPointError):
+    """A ``torch_adapter.debug`` check failed: an op produced NaN/Inf, or its result differs
+    from the CPU's. ``finding`` holds the details (op, route, module path, user site)."""
+
+    def __init__(self, message: str, finding: object = None) -> None:
+        super().__init__(message)
+        self.finding = finding
 
 
 def format_error(call: str, expected: str, got: str, why: str = "", fix: str = "") -> str:

@@ -23,6 +23,12 @@ _LOCK = threading.RLock()
 _SESSION: "AdapterSession | None" = None
 
 AMP_POLICIES = ("auto", "float16", "bfloat16", "float32")
+# The tools' options (docs/tools.md). mixed_precision is another spelling of amp_dtype.
+OPTIMIZATION_LEVELS = ("conservative", "balanced", "aggressive")
+MEMORY_STRATEGIES = ("default", "low")
+DEBUG_MODES = (False, True, "raise", "warn", "compare")
+MIXED_PRECISION = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", None: "auto"}
+COLLECTIVE_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "hccl", "xccl")
 
 
 @dataclass
@@ -42,10 +48,23 @@ class Config:
     log_redirects: bool = True
     # The collective backend that "nccl" becomes; None = the target's own.
     communication_backend: str | None = None
+    # What torch_adapter.prepare(model) does: eager | torch.compile | compile(mode="max-autotune").
+    optimization_level: str = "conservative"
+    # "low": prepare(model) turns on the model's gradient checkpointing.
+    memory_strategy: str = "default"
+    # NaN/Inf check (True/"raise", "warn") and CPU compare ("compare"), torch_adapter.debug.
+    debug_mode: bool | str = False
+    # Serve memory figures to `torch-adapter memory --pid` (or TORCH_ADAPTER_MEMORY_SERVER=1).
+    memory_server: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+
+    @property
+    def mixed_precision(self) -> str | None:
+        """``amp_dtype`` as ``configure(mixed_precision=...)`` spells it: "fp16", "bf16", "fp32" or None (auto)."""
+        return {v: k for k, v in MIXED_PRECISION.items()}[self.amp_dtype]
 
 
 class AdapterSession:
@@ -68,12 +87,14 @@ class AdapterSession:
 
     # -- lifecycle ---------------------------------------------------------------
     def _open(self) -> None:
+        from ._session_tools import apply as apply_tools
         from .redirect import apply_all
 
         try:
             apply_all(self)
             if self.target.simulated or self.config.fallback != "allow" or self.config.force_cpu or self.config.deny:
                 self._attach_routing()
+            apply_tools(self, None)
         except BaseException:
             self._close()
             raise
@@ -128,9 +149,12 @@ def _make_config(kwargs: dict[str, Any], base: Config | None = None) -> Config:
     cfg = Config(**(base.as_dict() if base else {}))
     names = {f.name for f in fields(Config)} - {"extra"}
     for key, value in kwargs.items():
+        if key == "mixed_precision":
+            _set_mixed_precision(cfg, value, kwargs)
+            continue
         if key not in names:
             raise UsageError(format_error(
-                "torch_adapter.install()/configure()", f"keyword arguments among {sorted(names)}",
+                "torch_adapter.install()/configure()", f"keyword arguments among {sorted(names | {'mixed_precision'})}",
                 repr(key), fix="check the spelling; see help(torch_adapter.install)"))
         if key in ("force_cpu", "deny"):
             value = (value,) if isinstance(value, str) else tuple(value or ())
@@ -144,7 +168,56 @@ def _make_config(kwargs: dict[str, Any], base: Config | None = None) -> Config:
         raise UsageError(format_error(
             "torch_adapter.configure(fallback=...)", "'allow', 'warn' or 'error'", repr(cfg.fallback),
             fix='e.g. configure(fallback="warn")'))
+    _check_tool_options(cfg)
     return cfg
+
+
+def _set_mixed_precision(cfg: Config, value: Any, kwargs: dict[str, Any]) -> None:
+    call = "torch_adapter.configure(mixed_precision=...)"
+    if not isinstance(value, (str, type(None))) or value not in MIXED_PRECISION:
+        raise UsageError(format_error(call, "one of 'fp16', 'bf16', 'fp32' or None", f"{value!r}",
+                                      why="it sets the AMP dtype policy (amp_dtype) that autocast('cuda') follows",
+                                      fix='e.g. configure(mixed_precision="bf16")'))
+    dtype = MIXED_PRECISION[value]
+    if "amp_dtype" in kwargs and kwargs["amp_dtype"] != dtype:
+        raise UsageError(format_error(call, f"amp_dtype={dtype!r} or no amp_dtype beside mixed_precision={value!r}",
+                                      f"amp_dtype={kwargs['amp_dtype']!r}", why="both set the one AMP policy",
+                                      fix="pass only one of them"))
+    cfg.amp_dtype = dtype
+
+
+def _check_tool_options(cfg: Config) -> None:
+    """The tools' options: each must be one of its documented values (docs/tools.md)."""
+    choices: dict[str, tuple[Any, ...]] = {"optimization_level": OPTIMIZATION_LEVELS,
+                                           "memory_strategy": MEMORY_STRATEGIES, "debug_mode": DEBUG_MODES,
+                                           "memory_server": (False, True)}
+    for key, valid in choices.items():
+        value = getattr(cfg, key)
+        if not any(type(value) is type(v) and value == v for v in valid):
+            raise UsageError(format_error(
+                f"torch_adapter.configure({key}=...)", f"one of {', '.join(map(repr, valid))}",
+                f"{value!r} ({type(value).__name__})", fix=f"e.g. configure({key}={valid[1]!r}); see docs/tools.md"))
+    backend = cfg.communication_backend
+    if backend is not None:
+        valid_backends = _collective_backends()
+        if not isinstance(backend, str) or backend.lower() not in valid_backends:
+            raise UsageError(format_error(
+                "torch_adapter.configure(communication_backend=...)", f"None or one of {', '.join(valid_backends)}",
+                f"{backend!r}", why='it replaces "nccl" in init_process_group / new_group',
+                fix='e.g. configure(communication_backend="gloo")'))
+        cfg.communication_backend = backend.lower()
+
+
+def _collective_backends() -> list[str]:
+    names = set(COLLECTIVE_BACKENDS)
+    try:
+        import torch.distributed as dist
+
+        names |= {str(b).lower() for b in getattr(dist.Backend, "backend_list", [])}
+    except ImportError:  # a torch built without distributed
+        pass
+    names.discard("undefined")
+    return sorted(names)
 
 
 def install(target: str | Target = "auto", *, simulate: bool = False, **options: Any) -> AdapterSession:
@@ -152,9 +225,13 @@ def install(target: str | Target = "auto", *, simulate: bool = False, **options:
 
     ``target`` is ``"auto"`` (the best present: cuda > npu > xpu > mps > cpu) or a name;
     ``simulate=True`` previews another backend's routing while executing on this machine.
-    Options: ``amp_dtype`` ("auto" | "float16" | "bfloat16" | "float32"), ``fallback``
-    ("allow" | "warn" | "error"), ``force_cpu``, ``deny``, ``propagate`` (adapt child
-    processes too), ``communication_backend``, ``log_redirects``.
+    Options: ``amp_dtype`` ("auto" | "float16" | "bfloat16" | "float32"; or
+    ``mixed_precision`` "fp16" | "bf16" | "fp32" | None), ``fallback`` ("allow" | "warn" |
+    "error"), ``force_cpu``, ``deny``, ``propagate`` (adapt child processes too),
+    ``communication_backend``, ``log_redirects``, and for the tools (docs/tools.md)
+    ``optimization_level`` ("conservative" | "balanced" | "aggressive"), ``memory_strategy``
+    ("default" | "low"), ``debug_mode`` (False | True | "raise" | "warn" | "compare") and
+    ``memory_server`` (also on with TORCH_ADAPTER_MEMORY_SERVER=1).
 
     Installing again with the same settings returns the same session; with other settings
     the old session is closed first. ``uninstall()`` restores torch exactly.
@@ -162,6 +239,11 @@ def install(target: str | Target = "auto", *, simulate: bool = False, **options:
     global _SESSION
     with _LOCK:
         tgt = resolve(target, simulate=simulate)
+        if "memory_server" not in options:
+            from ._memory_server import env_enabled
+
+            if env_enabled():
+                options = {**options, "memory_server": True}
         cfg = _make_config(options)
         if _SESSION is not None:
             if _SESSION.same_as(tgt, cfg):
@@ -209,7 +291,9 @@ def configure(**options: Any) -> Config:
     """Change the installed session's settings at once (scoped to that session).
 
     Accepts the same options as :func:`install`. Routing options (``fallback``,
-    ``force_cpu``, ``deny``) take effect for the next op.
+    ``force_cpu``, ``deny``) take effect for the next op; ``debug_mode`` and
+    ``memory_server`` at once; ``optimization_level``/``memory_strategy`` for the next
+    ``torch_adapter.prepare(model)``. An invalid value raises UsageError listing the valid ones.
     """
     with _LOCK:
         session = _SESSION
@@ -218,9 +302,12 @@ def configure(**options: Any) -> Config:
                 "torch_adapter.configure()", "an installed adapter", "none installed",
                 fix="call torch_adapter.install() first, or use install(..., fallback=...)"))
         cfg = _make_config(options, base=session.config)
-        session.config = cfg
+        old, session.config = session.config, cfg
         if cfg.fallback != "allow" or cfg.force_cpu or cfg.deny or session.target.simulated:
             session._attach_routing()
         if session.routing is not None:
             session.routing.reconfigure(cfg)
-        return cfg
+        from ._session_tools import apply as apply_tools
+
+        apply_tools(session, old)
+        return session.config

@@ -3,6 +3,7 @@
 - :mod:`.devices`      device arguments, Tensor/Module methods, load, Generator, DataLoader
 - :mod:`.cuda_ns`      the ``torch.cuda`` namespace answered for the target
 - :mod:`.amp`          autocast / GradScaler / custom_fwd, profiler activities, SDPA backends
+- :mod:`.compiling`    ``torch.compile`` CUDA-graph modes → their no-graph equivalents
 - :mod:`.distributed`  "nccl" → the target's collective backend, DDP device ids
 - :mod:`.env`          CUDA environment variables → the target's
 - :mod:`.log`          the redirect log (call sites)
@@ -19,7 +20,7 @@ __all__ = ["apply_all"]
 
 
 def apply_all(session: Any) -> None:
-    from . import amp, cuda_ns, devices, distributed, env
+    from . import amp, compiling, cuda_ns, devices, distributed, env
     from .log import remember
     from .._autoinstall import ENV_VAR, encode
 
@@ -28,6 +29,7 @@ def apply_all(session: Any) -> None:
     devices.apply(session)
     cuda_ns.apply(session)
     amp.apply(session)
+    compiling.apply(session)
     distributed.apply(session)
     env.apply(session)
     if session.config.propagate:

@@ -9,8 +9,8 @@ their own ``forward`` are left alone.
 
 Each call returns a handle with ``.remove()``; ``uninstall()`` removes them all;
 registering a class twice is a RegistrationError. Inside ``trace()`` each replaced call
-shows as ``optimize::<class>`` (route native, via ``optimize.register``) with the ops of
-the replacement as its pieces.
+shows as ``optimize::<class>`` (route native, via ``optimize.register``); in the recorder
+mode (``trace(use_observer=False)``) the ops of the replacement are listed as its pieces.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ def _forward_of(replacement: Any, call: str) -> Callable[..., Any]:
 def _traced(cls: type, forward: Callable[..., Any], label: str) -> Callable[..., Any]:
     from .decide import Route, RouteDecision
     from .engine import state
+    from .trace import _ACTIVE
 
     op = f"optimize::{_qualname(cls)}"
     decision = RouteDecision(op, Route.NATIVE, f"module forward replaced by {label} (optimize.register)",
@@ -54,11 +55,10 @@ def _traced(cls: type, forward: Callable[..., Any], label: str) -> Callable[...,
 
     @functools.wraps(forward)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        st = state
-        recorder = st.recorder
-        if recorder is None or not recorder.logs:
+        if not _ACTIVE:  # no trace() open: nothing to record
             return forward(self, *args, **kwargs)
-        parent, st.parent = st.parent, op
+        st = state
+        parent, st.parent = st.parent, op  # a recorder files the replacement's ops under it
         saved, st.child_ns = st.child_ns, 0
         t0 = time.perf_counter_ns()
         try:
@@ -66,7 +66,7 @@ def _traced(cls: type, forward: Callable[..., Any], label: str) -> Callable[...,
         finally:
             dt = time.perf_counter_ns() - t0
             children, st.child_ns, st.parent = st.child_ns, saved + dt, parent
-            for log in recorder.logs:
+            for log in list(_ACTIVE):
                 log.add_decision(decision, self_time_ns=dt - children, parent=parent, find_site=True)
 
     return wrapper

@@ -2,15 +2,18 @@
 
 Where the data comes from:
 
-- the session **enforces** (simulated target, fallback policies, registrations): a
-  recorder (a TorchDispatchMode) counts every op with the engine's own decisions, and the
-  engine adds what only it knows — bytes copied, decomposition pieces under their parent;
-- otherwise, when :mod:`torch_adapter.routing.observe` is available, its C++ observer
-  counts ops cheaply and each op is classified afterwards against the target's profile
-  (CompositeImplicitAutograd ops such as ``aten::linear`` then show with their pieces);
-- otherwise the same recorder mode, classifying with the target's profile.
+- when :mod:`torch_adapter.routing.observe` is available, its observer (a C++
+  RecordFunction callback) counts every op cheaply and each op is classified afterwards
+  with the session's decisions; CompositeImplicitAutograd ops such as ``aten::linear``
+  show as composite with their pieces under them. When the session **enforces** routes
+  (simulated target, policies, registrations), the engine's own records replace the
+  observer's for the ops it executed: their real route (a declined decomposition is a
+  fallback), bytes copied and first call site; the copies a fallback makes are not listed
+  as its pieces;
+- otherwise (or with ``use_observer=False``) a recorder — a TorchDispatchMode — counts
+  every op below autograd with the same decisions, with call sites for every op.
 
-Nested ``trace()`` blocks share one recorder; each block gets its own log.
+Nested ``trace()`` blocks each get their own log (recorders are shared between them).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from .decide import decide_name, known_op_names
 from .engine import state
 from .log import RoutingLog
 
-__all__ = ["trace", "Recorder"]
+__all__ = ["trace", "Recorder", "active_logs"]
 
 
 def _recorder_class() -> type:
@@ -83,19 +86,35 @@ def _observer_class() -> Any:
     return getattr(observe, "OpObserver", None)
 
 
-def _fill_from_observer(log: RoutingLog, result: Any, decide: Any) -> None:
+_ACTIVE: list[RoutingLog] = []  # logs of the trace() blocks now open (optimize.register adds to them)
+
+
+def active_logs() -> list[RoutingLog]:
+    """The logs of the ``trace()`` blocks now open (a copy)."""
+    return list(_ACTIVE)
+
+
+def _fill_from_observer(log: RoutingLog, result: Any, decide: Any, engine_log: RoutingLog | None) -> None:
     """Turn the observer's counts into log entries. Its ``calls`` count every depth, so an
     op's top-level entry gets its calls minus those made as a piece of another op; self time
-    is shared between an op's entries in proportion to their calls."""
+    is shared between an op's entries in proportion to their calls. Ops the engine executed
+    come from ``engine_log`` instead (placed under the parents the observer saw)."""
+    from .rules import ENGINE_OPS
+
     known = known_op_names()
+    engine_recs = list(engine_log.entries.values()) if engine_log is not None else []
+    executed = {r.op for r in engine_recs}
+    copies_of = {r.op for r in engine_recs if r.route == "fallback" and r.via == "cpu"}
     calls = {k: n for k, n in result.calls.items() if k in known and n > 0}
     pieces: dict[str, dict[str, int]] = {}
     for parent, kids in result.children.items():
         if parent in known:
             for child, n in kids.items():
-                if child in calls:
-                    pieces.setdefault(child, {})[parent] = n
+                if child in calls and not (parent in copies_of and child in ENGINE_OPS):
+                    pieces.setdefault(child, {})[parent] = n  # (a fallback's copies are its bytes)
     for name, total in calls.items():
+        if name in executed:
+            continue
         d = decide(name)
         ns = int(result.self_time_ns.get(name, 0))
         under = pieces.get(name, {})
@@ -104,6 +123,33 @@ def _fill_from_observer(log: RoutingLog, result: Any, decide: Any) -> None:
             log.add_decision(d, calls=top, self_time_ns=ns * top // total)
         for parent, n in under.items():
             log.add_decision(d, calls=n, self_time_ns=ns * n // total, parent=parent)
+    for rec in engine_recs:
+        _add_engine_record(log, rec, pieces.get(rec.op, {}))
+
+
+def _add_engine_record(log: RoutingLog, rec: Any, observed: dict[str, int]) -> None:
+    """Add an engine record; calls it made at top level (as far as the engine knew) go under
+    the parents the observer saw them called from (CompositeImplicit ops, say), if any."""
+    if rec.parent is not None:
+        observed[rec.parent] = max(observed.get(rec.parent, 0) - rec.calls, 0)
+        log.add(rec.op, rec.route, calls=rec.calls, self_time_ns=rec.self_time_ns, bytes_to_cpu=rec.bytes_to_cpu,
+                bytes_from_cpu=rec.bytes_from_cpu, reason=rec.reason, via=rec.via, site=rec.site, parent=rec.parent)
+        return
+    left = rec.calls
+    for parent in sorted(observed):
+        n = min(observed[parent], left)
+        if n <= 0 or not rec.calls:
+            continue
+        observed[parent] -= n
+        left -= n
+        log.add(rec.op, rec.route, calls=n, self_time_ns=rec.self_time_ns * n // rec.calls,
+                bytes_to_cpu=rec.bytes_to_cpu * n // rec.calls, bytes_from_cpu=rec.bytes_from_cpu * n // rec.calls,
+                reason=rec.reason, via=rec.via, site=rec.site, parent=parent)
+    if left or not rec.calls:
+        share = left / rec.calls if rec.calls else 1
+        log.add(rec.op, rec.route, calls=left, self_time_ns=int(rec.self_time_ns * share),
+                bytes_to_cpu=int(rec.bytes_to_cpu * share), bytes_from_cpu=int(rec.bytes_from_cpu * share),
+                reason=rec.reason, via=rec.via, site=rec.site, parent=None)
 
 
 @contextlib.contextmanager
@@ -115,8 +161,8 @@ def trace(*, use_observer: bool | None = None) -> Iterator[RoutingLog]:
     >>> log.summary()            # {"native": ..., "composite": ..., "fallback": ...}
     >>> print(log.render())      # the table; log.to_json() for the versioned JSON
 
-    ``use_observer``: None picks (the C++ observer when the session does not enforce
-    routes and the observer module is present), False forces the recorder mode.
+    ``use_observer``: None uses the observer when it is available, False forces the
+    recorder mode (slower; call sites for every op, not only for the engine's).
     """
     from ..session import current
     from ..target import resolve
@@ -136,37 +182,63 @@ def trace(*, use_observer: bool | None = None) -> Iterator[RoutingLog]:
             return decide_name(name, profile)
 
     t0 = time.perf_counter()
-    observer_cls = _observer_class() if (engine is None and use_observer is not False) else None
-    if observer_cls is not None:
-        obs = observer_cls()
-        obs.start()
-        try:
-            yield log
-        finally:
-            _fill_from_observer(log, obs.stop(), decide)
-            log.meta["source"] = "observer"
-            log.meta["duration_s"] = round(time.perf_counter() - t0, 6)
-        return
+    _ACTIVE.append(log)
+    try:
+        obs = _start_observer() if use_observer is not False else None
+        if obs is not None:
+            engine_log = RoutingLog(log.target, log.simulated) if engine is not None else None
+            if engine is not None:
+                engine.add_log(engine_log)
+            try:
+                yield log
+            finally:
+                result = obs.stop()
+                if engine is not None:
+                    engine.remove_log(engine_log)
+                _fill_from_observer(log, result, decide, engine_log)
+                log.meta.update(source=f"observer:{result.backend}" + ("+engine" if engine is not None else ""),
+                                duration_s=round(time.perf_counter() - t0, 6))
+        else:
+            with _recording(log, engine, decide, key):
+                yield log
+    finally:
+        _ACTIVE[:] = [x for x in _ACTIVE if x is not log]
+        log.meta.setdefault("duration_s", round(time.perf_counter() - t0, 6))
 
+
+def _start_observer() -> Any:
+    """A started OpObserver, or None when the module or every backend is unavailable."""
+    observer_cls = _observer_class()
+    if observer_cls is None:
+        return None
+    obs = observer_cls()
+    obs.start()
+    if obs.backend in (None, "none"):  # e.g. another profiler holds the profiler backend
+        obs.stop()
+        return None
+    return obs
+
+
+@contextlib.contextmanager
+def _recording(log: RoutingLog, engine: Any, decide: Any, key: Any) -> Iterator[None]:
     st = state
     outer = st.recorder
     recorder = outer if outer is not None and outer.key is key else Recorder(decide, key)
     recorder.logs = [*recorder.logs, log]
     if engine is not None:
         engine.add_log(log)
-    log.meta["source"] = "engine" if engine is not None else "recorder"
+    log.meta["source"] = "recorder+engine" if engine is not None else "recorder"
     try:
         if recorder is outer:
-            yield log
+            yield
         else:
             st.recorder = recorder
             try:
                 with recorder:
-                    yield log
+                    yield
             finally:
                 st.recorder = outer
     finally:
         recorder.logs = [x for x in recorder.logs if x is not log]
         if engine is not None:
             engine.remove_log(log)
-        log.meta["duration_s"] = round(time.perf_counter() - t0, 6)

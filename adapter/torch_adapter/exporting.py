@@ -1,0 +1,194 @@
+"""``torch_adapter.export(model, example_inputs, target=..., path=...)``: a ``torch.export``
+program lowered to what the target runs natively, plus the ops that would still fall back.
+
+::
+
+    result = torch_adapter.export(model, (x,), target="mps", path="model.pt2")
+    result.fallbacks          # [{"op": "aten::_linalg_eigh", "nodes": 1, "reason": "..."}]
+    result.decomposed         # ["aten::heaviside", ...]: replaced by their decompositions
+    program = torch.export.load("model.pt2")   # program.module()(x) == model(x)
+
+How: ``torch.export.export`` traces the model; every op in the graph is routed on the
+target (:func:`torch_adapter.explain`, the same decisions the routing engine executes);
+``run_decompositions`` is then called with a table holding exactly the ops routed
+*composite* — the target lacks them but they decompose (torch.export's default table,
+which includes CompositeImplicitAutograd ops and whose pieces are core ATen ops, else the
+``torch._decomp`` entry the routing engine runs) — never a decomposition on the
+training-unsafe deny-list (those ops route *fallback*). Pieces that
+are themselves composite are decomposed in turn, until nothing changes. Native ops are
+kept as they are (a target with its own ``aten::linear`` keeps it). What is left that the
+target lacks is reported: ``fallbacks`` (would run on the CPU) and ``composite`` (run by
+their own composite kernel at run time: no decomposition table entry exists).
+
+With ``path``, the program is saved with ``torch.export.save`` and the report is written
+next to it as JSON (``model.pt2`` -> ``model.routing.json``, schema ``torch-adapter.export``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageError, format_error
+
+__all__ = ["export", "ExportResult", "SCHEMA", "VERSION"]
+
+SCHEMA = "torch-adapter.export"
+VERSION = 1
+_ROUNDS = 8  # decomposition rounds at most (pieces of pieces); real graphs settle in 1-2
+
+
+@dataclass
+class ExportResult:
+    """The lowered program and what the target still lacks in it."""
+
+    program: Any  # torch.export.ExportedProgram
+    target: str
+    decomposed: list[str] = field(default_factory=list)
+    fallbacks: list[dict[str, Any]] = field(default_factory=list)
+    composite: list[dict[str, Any]] = field(default_factory=list)
+    routes: dict[str, int] = field(default_factory=dict)  # graph nodes per route
+    path: Path | None = None
+    report_path: Path | None = None
+
+    def module(self) -> Any:
+        """The program as a callable module (``program.module()``)."""
+        return self.program.module()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "version": VERSION, "target": self.target,
+                "path": str(self.path) if self.path else None, "routes": self.routes,
+                "decomposed": self.decomposed, "fallbacks": self.fallbacks, "composite": self.composite}
+
+    def __repr__(self) -> str:
+        return (f"<ExportResult for {self.target}: {sum(self.routes.values())} op nodes, "
+                f"{len(self.decomposed)} ops decomposed, {len(self.fallbacks)} would fall back>")
+
+
+def _ops(program: Any) -> dict[Any, int]:
+    """``{OpOverload: node count}`` of the program's graph."""
+    from ._torch_private import is_op_overload
+
+    counts: dict[Any, int] = {}
+    for node in program.graph.nodes:
+        if node.op == "call_function" and is_op_overload(node.target):
+            counts[node.target] = counts.get(node.target, 0) + 1
+    return counts
+
+
+def _decomposition(op: Any, decision: Any, defaults: Any) -> Any:
+    """The decomposition to lower ``op`` with: torch.export's default (core ATen and
+    CompositeImplicitAutograd) table first — its pieces are core ATen ops — else the
+    ``torch._decomp`` entry the routing engine itself runs; never a deny-listed one."""
+    from . import _torch_private as tp
+    from .routing.rules import TRAINING_UNSAFE_DECOMPOSITIONS
+
+    name = op.name()
+    if name in TRAINING_UNSAFE_DECOMPOSITIONS:
+        return None
+    if op in defaults:
+        return defaults[op]  # (CustomDecompTable.get does not materialise its lazy entries)
+    if decision.via == "torch._decomp":
+        return tp.decompositions().get(name)
+    if decision.via == "CompositeImplicitAutograd":
+        return op.decompose
+    return None
+
+
+def _target_label(target: Any) -> tuple[Any, str]:
+    from .session import current
+
+    if target is None:
+        session = current()
+        if session is not None:
+            return None, session.target.name
+        from .target import resolve
+
+        return None, resolve("auto").name
+    name = getattr(target, "name", target)
+    return target, str(name)
+
+
+def _check(model: Any, example_inputs: Any, path: Any) -> tuple[Any, Path | None]:
+    import torch
+
+    call = "torch_adapter.export(model, example_inputs, ...)"
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(format_error(call, "an nn.Module", f"{model!r} ({type(model).__name__})",
+                                      why="torch.export traces modules", fix="wrap a function in an nn.Module"))
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    if not isinstance(example_inputs, (tuple, list)):
+        raise UsageError(format_error(call, "example_inputs as a tuple of the model's positional arguments",
+                                      f"{type(example_inputs).__name__}", fix="export(model, (x,), ...)"))
+    out = None
+    if path is not None:
+        out = Path(path)
+        if out.suffix != ".pt2":
+            raise UsageError(format_error(f"torch_adapter.export(..., path={os.fspath(path)!r})",
+                                          "a path ending in .pt2", repr(os.fspath(path)),
+                                          why="torch.export.save writes a .pt2 archive",
+                                          fix=f"path={str(out.with_suffix('.pt2'))!r}"))
+    return tuple(example_inputs), out
+
+
+def export(model: Any, example_inputs: Any, *, target: Any = None, path: str | os.PathLike[str] | None = None,
+           kwargs: dict[str, Any] | None = None, dynamic_shapes: Any = None, strict: bool = False) -> ExportResult:
+    """Export ``model`` lowered to ``target``'s native ops (see the module doc).
+
+    ``target``: a name (``"mps"`` uses the built-in profile unless an MPS device is here), a
+    ``.toml`` profile, a Target or a CapabilityProfile; by default the installed target (its
+    registrations and policies included), or this machine's. ``kwargs``,
+    ``dynamic_shapes`` and ``strict`` are passed to ``torch.export.export``.
+    """
+    import torch
+
+    from .routing.decide import Route, explain
+
+    args, out = _check(model, example_inputs, path)
+    spec, label = _target_label(target)
+    decisions: dict[str, Any] = {}
+
+    def decide(op: Any) -> Any:
+        name = op.name()
+        if name not in decisions:
+            decisions[name] = explain(name, spec)
+        return decisions[name]
+
+    program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
+    defaults = torch.export.default_decompositions()
+    tried: set[str] = set()
+    for _ in range(_ROUNDS):
+        table = {}
+        for op in _ops(program):
+            if op.name() in tried or decide(op).route is not Route.COMPOSITE:
+                continue
+            fn = _decomposition(op, decide(op), defaults)
+            if fn is not None:
+                table[op] = fn
+                tried.add(op.name())
+        if not table:
+            break
+        program = program.run_decompositions(table)
+    counts = _ops(program)
+    routes = {r.value: 0 for r in Route}
+    fallbacks, composite = [], []
+    for op, n in sorted(counts.items(), key=lambda kv: kv[0].name()):
+        d = decide(op)
+        routes[d.route.value] += n
+        row = {"op": d.op, "nodes": n, "reason": d.reason, "via": d.via}
+        if d.route is Route.FALLBACK:
+            fallbacks.append(row)
+        elif d.route is Route.COMPOSITE:
+            composite.append(row)
+    result = ExportResult(program, label, sorted(tried - {op.name() for op in counts}), fallbacks, composite, routes)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        torch.export.save(program, str(out))
+        result.path = out
+        result.report_path = out.with_suffix(".routing.json")
+        result.report_path.write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+    return result
