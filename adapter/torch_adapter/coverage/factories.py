@@ -50,7 +50,7 @@ class Workload:
 
 # -- user factories -------------------------------------------------------------------------
 def _usage(spec: str, expected: str, got: str, why: str, fix: str) -> UsageError:
-    return UsageError(format_error(f"torch-adapter coverage --models {spec}", expected, got, why=why, fix=fix))
+    return UsageError(format_error(f"model factory {spec!r}", expected, got, why=why, fix=fix))
 
 
 def _import(spec: str, module_name: str) -> Any:
@@ -77,7 +77,7 @@ def _import(spec: str, module_name: str) -> Any:
         raise _usage(spec, "an importable module before ':'", f"{module_name!r} (module not found)",
                      f"Python cannot import {exc.name!r} from sys.path",
                      "run from the folder that holds it, add that folder to PYTHONPATH, "
-                     "or name the file: --models path/to/models.py:factory") from exc
+                     "or name the file: path/to/models.py:factory") from exc
     except Exception as exc:
         raise _import_failed(spec, module_name, exc) from exc
 
