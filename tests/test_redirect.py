@@ -201,7 +201,7 @@ def test_answered_cuda_names_are_callable_or_values():
 
 def test_docs_table_is_in_sync():
     doc = open(os.path.join(os.path.dirname(HERE), "..", "docs", "cuda-namespace.md")).read()
-    assert cuda_ns.table_markdown() in doc, "regenerate with: python -m torch_adapter.redirect.cuda_ns > docs/cuda-namespace.md"
+    assert cuda_ns.table_markdown() in doc, "regenerate with: python -m torch_adapter.redirect.cuda_table > docs/cuda-namespace.md"
 
 
 def test_absent_and_unknown_targets_are_clear_errors():

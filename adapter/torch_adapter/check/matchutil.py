@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import functools
 import re
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from typing import Any, NamedTuple
 
 from .ruleset import Rule

@@ -110,7 +110,6 @@ def load_factory(spec: str) -> Family:
         raise _usage(spec, "a callable factory", f"{obj!r} ({type(obj).__name__})",
                      "coverage calls the factory to build the model and its example inputs",
                      f"make {attr} a function returning (model, example_inputs[, loss_fn])")
-    name = attr.rpartition(".")[2]
     doc = (getattr(obj, "__doc__", None) or "").strip().splitlines()
     return Family(name=f"{os.path.basename(module_name)}:{attr}" if module_name.endswith(".py") else spec,
                   description=doc[0] if doc else f"user factory {spec}", kind="User", factory=obj, source=spec)

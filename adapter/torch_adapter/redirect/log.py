@@ -9,7 +9,6 @@ happens; a row is created once per distinct site and counted afterwards.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
