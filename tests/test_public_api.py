@@ -7,7 +7,7 @@ import sys
 import torch_adapter
 
 EXPECTED = {
-    "__version__", "install", "uninstall", "adapted", "configure", "current", "trace", "Route",
+    "__version__", "install", "uninstall", "adapted", "configure", "current", "trace", "Route", "RoutingLog",
     "RouteDecision", "targets", "describe", "explain", "register_fallback", "register_accelerated",
     "optimize", "profiler", "debug", "export", "memory", "coverage", "prepare", "redirect_log", "errors",
     "load_ipython_extension", "unload_ipython_extension",

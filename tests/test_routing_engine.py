@@ -57,13 +57,13 @@ def step(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Te
 MODELS = {"cnn": (cnn, (2, 3, 16, 16)), "attention": (Attention, (2, 5, 16)), "lacking": (Lacking, (4, 6))}
 
 
-def _plain_and_traced(name: str, **install: object):
+def _plain_and_traced(name: str, use_observer: bool | None = None, **install: object):
     make, shape = MODELS[name]
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     plain = step(make(), x)
     with torch_adapter.adapted(**install) as session:
         model = make()
-        with trace() as log:
+        with trace(use_observer=use_observer) as log:
             routed = step(model, x)
     return plain, routed, log, session
 
@@ -78,15 +78,19 @@ def test_models_match_plain_forward_and_backward(name, install):
     assert sum(log.summary().values()) > 10
 
 
-def test_cnn_routes_on_simulated_mps():
-    *_, log, _ = _plain_and_traced("cnn", target="mps", simulate=True)
-    routes = log.routes(parent=None)
+@pytest.mark.parametrize("use_observer", [None, False], ids=["observer", "recorder"])
+def test_cnn_routes_on_simulated_mps(use_observer):
+    *_, log, _ = _plain_and_traced("cnn", use_observer, target="mps", simulate=True)
+    routes = log.routes()
     assert routes["aten::convolution"] == "composite"  # its CompositeExplicit kernel picks the backend
     assert routes["aten::convolution_backward"] == "composite"
     assert routes["aten::native_batch_norm"] == "native" and routes["aten::native_batch_norm_backward"] == "native"
     assert routes["aten::max_pool2d_with_indices"] == "native"
     assert routes["aten::t"] == "native" and routes["aten::clone"] == "composite"
     assert log.summary()["fallback"] == 0 and log.target == "mps" and log.simulated
+    if log.meta["source"].startswith("observer"):  # CompositeImplicit ops show, with their pieces
+        assert log.routes(parent=None)["aten::conv2d"] == "composite"
+        assert log.routes(parent="aten::conv2d")["aten::convolution"] == "composite"
 
 
 def test_attention_falls_back_with_bytes_counted():
@@ -102,10 +106,12 @@ def test_attention_falls_back_with_bytes_counted():
 
 def test_ops_mps_lacks_route_and_pieces():
     *_, log, session = _plain_and_traced("lacking", target="mps", simulate=True)
-    routes = log.routes(parent=None)
+    routes = log.routes()
     assert routes["aten::heaviside"] == "composite" and routes["aten::take"] == "composite"
     assert routes["aten::_linalg_eigh"] == "fallback" and routes["aten::_pdist_forward"] == "fallback"
-    assert "aten::linalg_eigh" not in routes  # CompositeImplicit: decomposes above the recorder
+    if log.meta["source"].startswith("observer"):  # CompositeImplicit linalg_eigh, with its pieces
+        assert routes["aten::linalg_eigh"] == "composite"
+        assert log.routes(parent="aten::linalg_eigh")["aten::_linalg_eigh"] == "fallback"
     pieces = {r.op for r in log.records() if r.parent == "aten::take"}
     assert "aten::index.Tensor" in pieces  # take decomposes into indexing, each piece routed again
     eigh = next(r for r in log.records() if r.op == "aten::_linalg_eigh")

@@ -86,7 +86,7 @@ def test_trace_without_install_uses_this_machine():
         torch.mm(torch.ones(2, 2), torch.ones(2, 2))
     assert log.target == "cpu" and not log.simulated
     assert log.routes()["aten::mm"] == "native"
-    assert log.meta["source"] in ("observer", "recorder")
+    assert log.meta["source"] in ("observer:cpp", "observer:python", "recorder")
 
 
 def test_nested_traces_each_get_their_scope():
@@ -96,7 +96,19 @@ def test_nested_traces_each_get_their_scope():
         torch.mm(a, a)
         with trace() as inner:
             torch.linalg.eigh(a @ a.T)
-    assert inner.routes(parent=None).keys() >= {"aten::_linalg_eigh", "aten::mm"}
+    assert inner.routes().keys() >= {"aten::_linalg_eigh", "aten::mm"}
     assert "aten::_linalg_eigh" in outer.routes()
     assert outer.summary()["native"] == inner.summary()["native"] + 1
-    assert outer.meta["source"] == "engine" and outer.meta["duration_s"] >= inner.meta["duration_s"]
+    assert outer.meta["source"].endswith("+engine") and outer.meta["duration_s"] >= inner.meta["duration_s"]
+
+
+def test_nested_recorder_traces_share_one_recorder():
+    torch_adapter.install(target="mps", simulate=True)
+    a = torch.randn(3, 3)
+    with trace(use_observer=False) as outer:
+        torch.mm(a, a)
+        with trace(use_observer=False) as inner:
+            torch.linalg.eigh(a @ a.T)
+    assert inner.routes(parent=None).keys() >= {"aten::_linalg_eigh", "aten::mm"}
+    assert outer.summary()["native"] == inner.summary()["native"] + 1
+    assert outer.meta["source"] == inner.meta["source"] == "recorder+engine"

@@ -112,11 +112,14 @@ def test_optimize_replaces_existing_and_new_instances_while_installed():
     torch.testing.assert_close(old(x), 2 * plain)
     torch.testing.assert_close(new(x), 2 * plain)
     assert optimize.registered() == ["torch.nn.modules.normalization.LayerNorm"]
-    with trace() as log:
+    with trace(use_observer=False) as log:  # the recorder files the replacement's ops under it
         new(x)
     row = next(r for r in log.table() if r["op"] == "optimize::torch.nn.modules.normalization.LayerNorm")
     assert row["via"] == "optimize.register" and "_doubled" in row["reason"]
     assert any(r["parent"] == row["op"] for r in log.table())
+    with trace() as log:  # the observer: the module call is listed, its ops at their own place
+        old(x)
+    assert log.routes()["optimize::torch.nn.modules.normalization.LayerNorm"] == "native"
     handle.remove()
     torch.testing.assert_close(old(x), plain)
     assert "forward" not in nn.LayerNorm.__dict__ or nn.LayerNorm.forward is nn.LayerNorm.__dict__["forward"]

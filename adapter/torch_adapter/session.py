@@ -78,6 +78,7 @@ class AdapterSession:
         self.patcher = Patcher()
         self.redirect_log = RedirectLog()
         self.routing: Any = None  # routing engine handle, when ops are enforced
+        self.registry: Any = None  # user registrations (routing.registry), created on first use
         self.closers: list[Any] = []  # callables run on close, newest first
         self.active = False
 
@@ -302,6 +303,11 @@ def configure(**options: Any) -> Config:
                 "torch_adapter.configure()", "an installed adapter", "none installed",
                 fix="call torch_adapter.install() first, or use install(..., fallback=...)"))
         cfg = _make_config(options, base=session.config)
+        if cfg.force_cpu or cfg.deny:  # unknown op names fail here, before anything changes
+            from .routing.policy import make_policy
+            from .routing.profiles import profile_for
+
+            make_policy(cfg, profile_for(session.target))
         old, session.config = session.config, cfg
         if cfg.fallback != "allow" or cfg.force_cpu or cfg.deny or session.target.simulated:
             session._attach_routing()

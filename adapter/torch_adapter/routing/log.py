@@ -172,7 +172,7 @@ class RoutingLog:
         log = cls(data.get("target", ""), bool(data.get("simulated", False)))
         log.meta = dict(data.get("meta") or {})
         for row in data.get("ops", []):
-            log.add(row["op"], row["route"], calls=row["calls"], self_time_ns=int(row["self_time_ms"] * 1e6),
+            log.add(row["op"], row["route"], calls=row["calls"], self_time_ns=round(row["self_time_ms"] * 1e6),
                     bytes_to_cpu=row.get("bytes_to_cpu", row["bytes_copied"]),
                     bytes_from_cpu=row.get("bytes_from_cpu", 0), reason=row.get("reason", ""),
                     via=row.get("via"), site=row.get("site"), parent=row.get("parent"))

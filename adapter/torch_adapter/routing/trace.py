@@ -123,33 +123,36 @@ def _fill_from_observer(log: RoutingLog, result: Any, decide: Any, engine_log: R
             log.add_decision(d, calls=top, self_time_ns=ns * top // total)
         for parent, n in under.items():
             log.add_decision(d, calls=n, self_time_ns=ns * n // total, parent=parent)
-    for rec in engine_recs:
+    for rec in sorted(engine_recs, key=lambda r: r.parent is None):  # known parents first
         _add_engine_record(log, rec, pieces.get(rec.op, {}))
 
 
 def _add_engine_record(log: RoutingLog, rec: Any, observed: dict[str, int]) -> None:
-    """Add an engine record; calls it made at top level (as far as the engine knew) go under
-    the parents the observer saw them called from (CompositeImplicit ops, say), if any."""
+    """Add an engine record; the calls it made at top level (as far as the engine knew) go
+    under the parents the observer saw them called from (CompositeImplicit ops), if any."""
     if rec.parent is not None:
         observed[rec.parent] = max(observed.get(rec.parent, 0) - rec.calls, 0)
-        log.add(rec.op, rec.route, calls=rec.calls, self_time_ns=rec.self_time_ns, bytes_to_cpu=rec.bytes_to_cpu,
-                bytes_from_cpu=rec.bytes_from_cpu, reason=rec.reason, via=rec.via, site=rec.site, parent=rec.parent)
-        return
-    left = rec.calls
-    for parent in sorted(observed):
-        n = min(observed[parent], left)
-        if n <= 0 or not rec.calls:
-            continue
-        observed[parent] -= n
-        left -= n
-        log.add(rec.op, rec.route, calls=n, self_time_ns=rec.self_time_ns * n // rec.calls,
-                bytes_to_cpu=rec.bytes_to_cpu * n // rec.calls, bytes_from_cpu=rec.bytes_from_cpu * n // rec.calls,
-                reason=rec.reason, via=rec.via, site=rec.site, parent=parent)
-    if left or not rec.calls:
-        share = left / rec.calls if rec.calls else 1
-        log.add(rec.op, rec.route, calls=left, self_time_ns=int(rec.self_time_ns * share),
-                bytes_to_cpu=int(rec.bytes_to_cpu * share), bytes_from_cpu=int(rec.bytes_from_cpu * share),
-                reason=rec.reason, via=rec.via, site=rec.site, parent=None)
+        shares = [(rec.parent, rec.calls)]
+    else:
+        shares, left = [], rec.calls
+        for parent in sorted(observed):
+            n = min(observed[parent], left)
+            if n > 0:
+                observed[parent] -= n
+                left -= n
+                shares.append((parent, n))
+        if left or not shares:
+            shares.append((None, left))
+    done = 0
+    for parent, n in shares:  # split time and bytes exactly, in proportion to calls
+        lo, hi = done, done + n
+        done = hi
+
+        def part(total: int) -> int:
+            return total * hi // rec.calls - total * lo // rec.calls if rec.calls else total
+
+        log.add(rec.op, rec.route, calls=n, self_time_ns=part(rec.self_time_ns), bytes_to_cpu=part(rec.bytes_to_cpu),
+                bytes_from_cpu=part(rec.bytes_from_cpu), reason=rec.reason, via=rec.via, site=rec.site, parent=parent)
 
 
 @contextlib.contextmanager
