@@ -13,7 +13,7 @@ import pytest
 
 from torch_adapter.check.cli import build_parser, main, register
 from torch_adapter.check.model import SCHEMA, VERSION
-from torch_adapter.check.render_json import load_report_json
+from torch_adapter.check.json_report import load_report_json
 from torch_adapter.errors import CheckError
 
 CORPUS = Path(__file__).parent / "data" / "check_corpus"

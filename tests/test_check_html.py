@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from torch_adapter.check.engine import scan
-from torch_adapter.check.render_html import html_context, render_html
+from torch_adapter.check.html_report import html_context, render_html
 from torch_adapter.check.runtime import join_runtime
 
 CHROMIUM = "/usr/bin/chromium"

@@ -75,9 +75,25 @@ def test_checkpoint_saved_on_gpu_loads(tmp_path):
     assert "checkpoint OK cpu" in res.stdout
 
 
+# torch 2.13's gloo teardown sometimes aborts a worker at interpreter exit ("terminate called
+# without an active exception", SIGABRT) after the script has finished. It happens with a plain
+# `runpy.run_path` wrapper and no adapter at all (3 of 9 torchrun runs here), so these tests
+# allow that one signature a retry, and nothing else.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def run_with_teardown_retry(run):
+    for _ in range(3):
+        res = run()
+        if res.returncode == 0 or TEARDOWN_ABORT not in res.stderr:
+            return res
+    return res
+
+
 @pytest.mark.slow
 def test_ddp_nccl_script_with_mp_spawn(tmp_path):
-    res = run_cli("run", str(CORPUS / "ddp_spawn.py"), str(tmp_path), str(free_port()))
+    res = run_with_teardown_retry(
+        lambda: run_cli("run", str(CORPUS / "ddp_spawn.py"), str(tmp_path), str(free_port())))
     assert res.returncode == 0, res.stderr[-3000:]
     assert "ddp spawn OK gloo" in res.stdout
     assert {p.name for p in tmp_path.iterdir()} == {"rank0.pt", "rank1.pt"}
@@ -86,11 +102,15 @@ def test_ddp_nccl_script_with_mp_spawn(tmp_path):
 @pytest.mark.slow
 def test_ddp_nccl_script_with_torchrun():
     torchrun = shutil.which("torchrun") or ""
-    cmd = ([torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]) + [
-        "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "torch_adapter", "run",
-        str(CORPUS / "ddp_torchrun.py")]
     env = {k: v for k, v in os.environ.items() if k != "TORCH_ADAPTER_AUTOINSTALL"}
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+
+    def once():
+        cmd = ([torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]) + [
+            "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "torch_adapter", "run",
+            str(CORPUS / "ddp_torchrun.py")]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+
+    res = run_with_teardown_retry(once)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "rank 0 torchrun OK gloo" in res.stdout and "rank 1 torchrun OK gloo" in res.stdout
 

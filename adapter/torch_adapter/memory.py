@@ -108,6 +108,7 @@ def track(enabled: bool = True, *, min_bytes: int = 1 << 20) -> None:
                                       f"{min_bytes!r}", fix="e.g. track(True, min_bytes=1 << 20)"))
     if not enabled:
         _tool_mode.disable("memory_tracking")
+        _SITES.clear()  # a site is only trusted while tracking: freed memory gets reused
         return
     _tool_mode.enable("memory_tracking", _Tracker(min_bytes))
     from .session import current
@@ -179,8 +180,9 @@ def _largest(top: int) -> list[dict[str, Any]]:
                 g["shape"] = list(obj.shape)
     rows = sorted(groups.items(), key=lambda kv: -kv[1]["bytes"])[:top]
     out = []
+    on = tracking()
     for key, g in rows:
-        made = _SITES.get(key)
+        made = _SITES.get(key) if on else None
         out.append({**g, "site": made.get("site") if made else None, "op": made.get("op") if made else None,
                     "module": made.get("module") if made else None})
     return out

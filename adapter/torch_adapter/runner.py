@@ -66,7 +66,8 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
     if report or report_json:
         from .routing.trace import trace
 
-        tracer = trace()
+        # the recorder (not the sampling-free C++ observer) so that every op has its call site
+        tracer = trace(use_observer=False)
         log = tracer.__enter__()
     old_argv, old_path0 = sys.argv[:], sys.path[0] if sys.path else None
     sys.argv = [script, *args]

@@ -13,7 +13,7 @@ Layout (mechanism apart from data)::
     engine.py                      scan(): files in, Report out (worker processes)
     runtime.py                     --run: the routing log joined into the report
     model.py                       the Report dataclasses (JSON schema v1)
-    render_json/html/terminal.py   pure renderings of a Report
+    json_report.py, html_report.py, render_terminal.py   pure renderings of a Report
     cli.py                         the command line
 
 Importing this package loads nothing heavy; names below are loaded on first use.
@@ -30,7 +30,7 @@ __all__ = ["scan", "Report", "Finding", "Note", "build_ruleset", "load_rule_file
 _LAZY = {
     "scan": "engine", "Report": "model", "Finding": "model", "Note": "model",
     "build_ruleset": "ruleset", "load_rule_file": "ruleset", "join_runtime": "runtime",
-    "load_routing_log": "runtime", "render_html": "render_html", "render_json": "render_json",
+    "load_routing_log": "runtime", "render_html": "html_report", "render_json": "json_report",
     "summary_renderables": "render_terminal",
 }
 

@@ -192,9 +192,9 @@ def _check(args: argparse.Namespace, console: Any, err: Any) -> int:
         failed_run = _runtime(args, report)
     if fmt is not None:
         if fmt == "html":
-            from .render_html import render_html as render
+            from .html_report import render_html as render
         else:
-            from .render_json import render_json as render
+            from .json_report import render_json as render
         try:
             write_atomic(args.output, render(report))
         except OSError as exc:

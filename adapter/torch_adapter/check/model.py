@@ -1,7 +1,7 @@
 """The report model of ``torch-adapter check``: plain dataclasses, no behaviour.
 
 The engine (:mod:`.engine`) and the runtime join (:mod:`.runtime`) fill a :class:`Report`;
-the renderers (:mod:`.render_json`, :mod:`.render_html`, :mod:`.render_terminal`) only read
+the renderers (:mod:`.json_report`, :mod:`.html_report`, :mod:`.render_terminal`) only read
 it. :meth:`Report.to_dict` is the versioned JSON document (``SCHEMA``/``VERSION``),
 documented field by field in ``docs/check.md``.
 """

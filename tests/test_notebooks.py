@@ -1,0 +1,303 @@
+"""The tutorial notebooks: stored without outputs, and executed top to bottom in a real kernel.
+
+Each notebook runs once per module (nbclient, kernel ``python3``, widget state not stored) in
+a temporary working directory with ``TMPDIR`` pointing there too, so nothing is written into
+the repository; the tests then read the outputs of named cells (cell ids) the way a reader
+would: the routing bundle of a cell, the line a training run ends with, the error a cell is
+meant to raise. ``OMP_NUM_THREADS=1`` for the kernel and the processes it starts: on a shared
+2-core machine two OpenMP threads per process make these tiny steps many times slower (see
+test_sd15_example.py). All four together take well under the 6-minute budget.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import math
+import os
+import re
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from conftest import ROOT
+
+NOTEBOOKS = ROOT / "notebooks"
+NAMES = ["01_quickstart.ipynb", "02_port_stable_diffusion.ipynb", "03_custom_ops.ipynb", "04_debugging.ipynb"]
+MIME = "application/vnd.torch-adapter.routing+json"
+WIDGET = "application/vnd.jupyter.widget-view+json"
+RAISES = "raises-exception"
+EXAMPLE = ROOT / "examples" / "sd15_training"
+CELL_TIMEOUT = 300
+TIMES: dict[str, float] = {}
+
+
+# -- stored notebooks ---------------------------------------------------------------------------
+def test_the_four_notebooks_are_there():
+    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stored_without_outputs(name):
+    """Outputs are stripped in git: no outputs, no execution counts, no widget state, no timings."""
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+    assert "widgets" not in nb.metadata
+    ids = [c.get("id") for c in nb.cells]
+    assert all(ids) and len(set(ids)) == len(ids), "every cell needs a unique id (the tests find cells by id)"
+    for c in nb.cells:
+        assert "execution" not in c.metadata, f"{name} cell {c.id}: execution timings stored"
+        if c.cell_type == "code":
+            assert c.outputs == [], f"{name} cell {c.id}: outputs stored"
+            assert c.execution_count is None, f"{name} cell {c.id}: execution count stored"
+
+
+# -- executing ----------------------------------------------------------------------------------
+def _fingerprint(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+def _execute(name: str, tmp_path_factory: pytest.TempPathFactory) -> nbformat.NotebookNode:
+    workdir = tmp_path_factory.mktemp(Path(name).stem)
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_ADAPTER_AUTOINSTALL"}
+    env.update(OMP_NUM_THREADS="1", TMPDIR=str(workdir), PYTHONUNBUFFERED="1")
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3", store_widget_state=False,
+                            resources={"metadata": {"path": str(workdir)}})
+    before = _fingerprint(EXAMPLE), sorted(p.name for p in NOTEBOOKS.iterdir())
+    start = time.perf_counter()
+    client.execute(env=env)  # a cell that raises without the raises-exception tag fails here
+    TIMES[name] = time.perf_counter() - start
+    print(f"\n{name}: executed in {TIMES[name]:.1f} s")
+    assert (_fingerprint(EXAMPLE), sorted(p.name for p in NOTEBOOKS.iterdir())) == before, \
+        f"{name} changed files in the repository"
+    return nb
+
+
+def cell(nb: nbformat.NotebookNode, cell_id: str) -> nbformat.NotebookNode:
+    found = [c for c in nb.cells if c.get("id") == cell_id]
+    assert len(found) == 1, f"no cell with id {cell_id!r}"
+    return found[0]
+
+
+def text(c: nbformat.NotebookNode) -> str:
+    """Everything a reader sees of a cell as text: streams, text/plain, errors."""
+    parts = []
+    for o in c.outputs:
+        if o.output_type == "stream":
+            parts.append(o.text)
+        elif o.output_type in ("display_data", "execute_result"):
+            parts.append(str(o.data.get("text/plain", "")))
+        elif o.output_type == "error":
+            parts.append(f"{o.ename}: {o.evalue}")
+    return "\n".join(parts).replace("\r\n", "\n")  # `!cmd` output comes through a terminal
+
+
+def bundles(c: nbformat.NotebookNode) -> list[dict]:
+    """The per-cell routing payloads the extension published for this cell."""
+    return [o.data[MIME] for o in c.outputs if o.output_type == "display_data" and MIME in o.get("data", {})]
+
+
+def routing(c: nbformat.NotebookNode) -> dict:
+    found = bundles(c)
+    assert len(found) == 1, f"cell {c.id}: expected one routing bundle, got {len(found)}"
+    payload = found[0]
+    assert payload["schema"] == "torch-adapter.cell-routing" and payload["version"] == 1
+    assert sum(payload["counts"].values()) > 0
+    return payload
+
+
+def error(c: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    errors = [o for o in c.outputs if o.output_type == "error"]
+    assert len(errors) == 1, f"cell {c.id} was meant to raise"
+    return errors[0]
+
+
+def check_raising_cells(nb: nbformat.NotebookNode) -> None:
+    """Exactly the cells tagged raises-exception show an error (nbclient stops at any other)."""
+    for c in nb.cells:
+        if c.cell_type == "code" and RAISES in c.metadata.get("tags", []):
+            error(c)
+
+
+# -- 01 quickstart ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    return _execute("01_quickstart.ipynb", tmp_path_factory)
+
+
+@pytest.mark.slow
+def test_quickstart_cuda_cells_run_and_report_their_routing(quickstart):
+    nb = quickstart
+    check_raising_cells(nb)
+    assert bundles(cell(nb, "load")) == [] and bundles(cell(nb, "status")) == []  # no aten op, no report
+    out = text(cell(nb, "cuda-cell"))
+    assert "torch.cuda.is_available(): True" in out and "via torch_adapter" in out
+    first = routing(cell(nb, "cuda-cell"))
+    assert first["counts"]["native"] > 0 and not first["simulated"] and first["execution_count"] is not None
+    step = routing(cell(nb, "train-step"))
+    expected_dtype = "torch.bfloat16" if step["target"] == "cpu" else "torch.float16"
+    assert f"computes in {expected_dtype}" in text(cell(nb, "train-step"))
+    assert step["counts"]["native"] > 0 and step["counts"]["composite"] > 0
+    assert "'counts'" in text(cell(nb, "payload")) and "'session'" in text(cell(nb, "payload"))
+
+
+@pytest.mark.slow
+def test_quickstart_trace_inspector_and_simulated_target(quickstart):
+    nb = quickstart
+    table = text(cell(nb, "trace"))
+    assert "Routing on" in table and "aten::" in table and "first call site" in table
+    assert "calls per route: {'native'" in text(cell(nb, "trace-log"))
+    assert any(WIDGET in o.get("data", {}) for o in cell(nb, "inspector").outputs)
+    assert "mps (simulated on cpu)" in text(cell(nb, "sim-switch"))
+    sim = routing(cell(nb, "simulated"))
+    assert sim["target"] == "mps" and sim["simulated"]
+    assert sim["counts"]["fallback"] >= 1 and sim["bytes_copied"] > 0
+    assert "aten::_linalg_eigh" in [f["op"] for f in sim["top_fallbacks"]]
+    assert "aten::_linalg_eigh -> fallback" in text(cell(nb, "explain"))
+    assert "'mps'" in text(cell(nb, "targets"))
+    assert "'cells'" in text(cell(nb, "final-status"))
+
+
+# -- 02 Stable Diffusion ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def port(tmp_path_factory):
+    return _execute("02_port_stable_diffusion.ipynb", tmp_path_factory)
+
+
+DONE = re.compile(r"^done: (\d+) steps, final loss (\S+)$", re.M)
+
+
+def _done(out: str, steps: int) -> None:
+    match = DONE.search(out)
+    assert match, out[-2000:]
+    assert int(match.group(1)) == steps and math.isfinite(float(match.group(2)))
+
+
+@pytest.mark.slow
+def test_port_check_and_fix(port):
+    nb = port
+    check_raising_cells(nb)
+    summary = re.search(r"(\d+) findings", text(cell(nb, "check")))
+    assert summary and int(summary.group(1)) > 0
+    assert any("<iframe" in o.data.get("text/html", "") for o in cell(nb, "check").outputs)
+    review = text(cell(nb, "review"))
+    assert "EIN001" in review and "--- a/models.py" in review and "+        scores = query @ key" in review
+    assert "einsum findings left: 0" in text(cell(nb, "apply"))
+    assert "rewritten == original attention" in text(cell(nb, "same-attention"))
+
+
+@pytest.mark.slow
+def test_port_trains_unchanged_and_in_ddp(port):
+    nb = port
+    run = text(cell(nb, "train-cli"))
+    assert "via torch_adapter x 1" in run and "step 2/2 loss" in run
+    _done(run, 2)
+    assert "Tensor.cuda()" in text(cell(nb, "routing-json")) and "-> cpu" in text(cell(nb, "routing-json"))
+    ddp = text(cell(nb, "ddp"))
+    assert "via torch_adapter x 2" in ddp and ddp.count("done: ") == 1
+    _done(ddp, 1)
+
+
+@pytest.mark.slow
+def test_port_routing_per_cell_and_compare(port):
+    nb = port
+    assert "unet 2." in text(cell(nb, "build"))
+    here = routing(cell(nb, "step-here"))
+    assert here["counts"]["native"] > 0 and here["counts"]["fallback"] == 0
+    trace = text(cell(nb, "step-mps"))
+    assert "Routing on mps (simulated)" in trace and "fallback" in trace
+    assert routing(cell(nb, "step-mps"))["simulated"]
+    configs = ast.literal_eval(text(cell(nb, "configs")))  # the repr of a str
+    assert configs.startswith("plain,redirect,adapted,mps-sim")
+    compared = text(cell(nb, "compare"))
+    assert all(f"'{name}'" in compared for name in configs.split(","))
+    assert any(WIDGET in o.get("data", {}) for o in cell(nb, "compare").outputs)  # the chart
+    summary = text(cell(nb, "compare-read"))
+    assert "plain: did not run" in summary and re.search(r"redirect: +100\.0%", summary)
+    assert re.search(r"adapted: +[\d.]+%", summary) and re.search(r"mps-sim: +[\d.]+%", summary)
+
+
+@pytest.mark.slow
+def test_port_profile_and_export(port):
+    nb = port
+    profile = text(cell(nb, "profile"))
+    assert "problems for Perfetto: []" in profile and "train #0" in profile and "train #1" in profile
+    events = text(cell(nb, "trace-routes"))
+    assert "op events per route:" in events and "'native'" in events
+    exported = text(cell(nb, "export"))
+    assert "ExportResult for mps" in exported and "decomposed for mps:" in exported
+    assert "reloaded program == eager text encoder" in text(cell(nb, "reload"))
+
+
+# -- 03 custom ops ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def custom(tmp_path_factory):
+    return _execute("03_custom_ops.ipynb", tmp_path_factory)
+
+
+@pytest.mark.slow
+def test_custom_op_registrations(custom):
+    nb = custom
+    check_raising_cells(nb)
+    assert "demo::bias_gelu -> fallback" in text(cell(nb, "custom-op"))
+    assert "demo::bias_gelu" in [f["op"] for f in routing(cell(nb, "custom-run"))["top_fallbacks"]]
+    assert "demo::bias_gelu -> native (kernel registered with register_accelerated" in text(cell(nb, "accelerated"))
+    assert "demo::bias_gelu" in text(cell(nb, "accelerated-trace"))
+    copied = text(cell(nb, "pdist-cpu"))
+    assert "aten::_pdist_forward" in copied and "fallback" in copied
+    assert "Python implementation from register_fallback" in text(cell(nb, "register-fallback"))
+    assert "my-accel (simulated on cpu)" in text(cell(nb, "profile"))
+    assert "('aten::native_layer_norm_backward', 'composite', 4, 'torch._decomp')" in text(cell(nb, "ln-model"))
+    replaced = text(cell(nb, "optimize"))
+    assert "same outputs as nn.LayerNorm's" in replaced and "native_layer_norm" not in replaced
+    assert "'optimize::torch.nn.modules.normalization.LayerNorm',\n  'native'" in replaced
+    pieces = text(cell(nb, "optimize-trace"))
+    assert "optimize::torch.nn.modules.normalization.LayerNorm" in pieces and "aten::var_mean.correction" in pieces
+    assert "restored: True" in text(cell(nb, "undo"))
+
+
+@pytest.mark.slow
+def test_custom_ops_strict_policy_and_ways_out(custom):
+    nb = custom
+    err = error(cell(nb, "strict"))
+    assert err.ename == "FallbackError"
+    assert "aten::_pdist_forward on mps" in err.evalue and "register_fallback" in err.evalue
+    assert "configure(fallback='warn')" in err.evalue
+    assert "pdist under policy 'error'" in text(cell(nb, "way-out-register"))
+    assert "FallbackWarning" in text(cell(nb, "way-out-warn"))
+
+
+# -- 04 debugging -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def debugging(tmp_path_factory):
+    return _execute("04_debugging.ipynb", tmp_path_factory)
+
+
+@pytest.mark.slow
+def test_debugging_nan_check_names_the_op(debugging):
+    nb = debugging
+    check_raising_cells(nb)
+    assert "loss: nan" in text(cell(nb, "nan-model"))
+    err = error(cell(nb, "nan-check"))
+    assert err.ename == "NumericsError"
+    assert "aten::div.Tensor" in err.evalue and "model.text_head" in err.evalue
+    assert "gradients finite: True" in text(cell(nb, "nan-fixed"))
+
+
+@pytest.mark.slow
+def test_debugging_cpu_compare_and_memory(debugging):
+    nb = debugging
+    compared = cell(nb, "cpu-compare")
+    assert "p=2: same as the CPU kernel" in text(compared)
+    err = error(compared)
+    assert err.ename == "NumericsError" and "aten::_pdist_forward" in err.evalue and "register_fallback" in err.evalue
+    assert "p=1, 2, 3: same as the CPU kernel" in text(cell(nb, "cpu-compare-fixed"))
+    memory = text(cell(nb, "memory"))
+    assert "largest live tensors" in memory and "aten::zeros_like" in memory and "max_memory_allocated" in memory
+    assert "torch_adapter memory: pid" in text(cell(nb, "memory-cli"))
