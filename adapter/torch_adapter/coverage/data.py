@@ -58,28 +58,9 @@ COUNTING = ("Shares are over the op calls of one training step (forward, backwar
             "calls took.")
 
 
-# Ops the CPU host selects inside a composite op (pattern -> what the real target does instead).
-# Simulated targets see them because ops execute on this machine; the target would not.
-HOST_SELECTED: dict[str, str] = {
-    "aten::mkldnn_rnn_layer*": "the CPU's oneDNN RNN kernel, picked by aten::lstm on this host; "
-                               "a real target's aten::lstm picks its own (e.g. cuDNN on cuda, _lstm_mps on mps)",
-    "aten::_scaled_dot_product_flash_attention_for_cpu*": "the CPU's attention kernel, picked by "
-                                                          "scaled_dot_product_attention on this host; a real target "
-                                                          "picks its own (flash/efficient on cuda, math on mps)",
-    "aten::_slow_conv2d_*": "the CPU's fallback convolution, picked by aten::convolution on this host for these "
-                            "shapes; a real target picks its own convolution kernel",
-    "aten::mkldnn_*": "a oneDNN (CPU) kernel picked on this host; a real target picks its own",
-}
-
-
-def host_selected(op: str) -> str:
-    """The :data:`HOST_SELECTED` note for ``op`` ("" when it is not a host-selected kernel)."""
-    import fnmatch
-
-    for pattern, note in HOST_SELECTED.items():
-        if fnmatch.fnmatchcase(op, pattern):
-            return note
-    return ""
+# The host-selected kernel table lives with the routing rules (one table, routed native there);
+# coverage keeps the note on rows for reports read by older readers of the schema.
+from ..routing.rules import HOST_SELECTED, host_selected  # noqa: E402
 
 
 def percentages(counts: dict[str, int]) -> dict[str, float]:

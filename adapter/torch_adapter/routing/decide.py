@@ -9,7 +9,9 @@ Order (../shared/FACTS.md measured that it reproduces plain results bit-for-bit)
 5. a Python implementation from ``register_fallback``                    -> FALLBACK
 6. the op's own CompositeExplicitAutograd / CompositeImplicitAutograd kernel -> COMPOSITE
 7. a ``torch._decomp`` decomposition not on the training-unsafe deny-list -> COMPOSITE
-8. otherwise: copy to the CPU, run there, copy back                      -> FALLBACK
+8. a device-essential op (allocation, copy, scalar read: every backend has it) -> NATIVE
+9. otherwise: copy to the CPU, run there, copy back                      -> FALLBACK
+   (a kernel the CPU host selects inside another op says so in its reason)
 
 :func:`choose_route` is cached; :func:`explain` is its user-facing form.
 """
@@ -154,6 +156,7 @@ def decide_name(name: str, profile: Any, registry: Any = None, policy: Any = Non
         return RouteDecision(name, Route.NATIVE, f"{profile.name} has its own {key} kernel", key)
     if name in rules.METADATA_OPS:
         return RouteDecision(name, Route.NATIVE, f"metadata op: {rules.METADATA_OPS[name]}", "metadata")
+
     if _is_view(name):
         return RouteDecision(name, Route.NATIVE, rules.VIEW_REASON, "view")
     if forced:
@@ -176,11 +179,16 @@ def decide_name(name: str, profile: Any, registry: Any = None, policy: Any = Non
     if decomp is not None and unsafe is None:
         return RouteDecision(name, Route.COMPOSITE, f"{lacks}; decomposes via torch._decomp ({_decomp_label(decomp)})",
                              "torch._decomp")
+    if name in rules.ENGINE_OPS and unsafe is None:
+        return RouteDecision(name, Route.NATIVE, rules.ESSENTIAL_REASON, "device-essential")
     reason = f"{lacks} and no decomposition; runs on the CPU (inputs copied there, results back)"
     if unsafe is not None:
         reason = f"{lacks}; its torch._decomp decomposition is on the training-unsafe deny-list ({unsafe}); runs on the CPU"
     if not _cpu_can_run(name):
         reason += "; the CPU has no kernel either, so the op fails there too"
+    host_note = rules.host_selected(name)
+    if host_note:  # eager code on the real target would not call it; an exported graph would
+        reason += f". Note: {host_note}"
     return RouteDecision(name, Route.FALLBACK, reason, "cpu")
 
 

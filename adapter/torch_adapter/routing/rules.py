@@ -13,6 +13,9 @@ __all__ = [
     "METADATA_OPS",
     "VIEW_REASON",
     "ENGINE_OPS",
+    "ESSENTIAL_REASON",
+    "HOST_SELECTED",
+    "host_selected",
 ]
 
 # torch._decomp entries that must not be used to execute an op during training (or at
@@ -78,3 +81,35 @@ ENGINE_OPS: frozenset[str] = frozenset({
     "aten::detach",
     "aten::alias",
 })
+
+ESSENTIAL_REASON = ("device-essential op (allocation, copy or reading a scalar): every backend implements it, "
+                    "whatever its op table lists")
+
+# Kernels the CPU *host* selects inside another op (fnmatch pattern -> what the target does
+# instead). A simulated target executes on this machine, so it sees them; in eager code the
+# real target's op selects its own kernel and never calls these, but an exported graph traced
+# here does contain them. They keep their route (fallback) and carry this note in the reason;
+# coverage reports mark them.
+HOST_SELECTED: dict[str, str] = {
+    "aten::mkldnn_rnn_layer*": "the CPU's oneDNN RNN kernel, picked by aten::lstm on this host; "
+                               "a real target's aten::lstm picks its own (cuDNN on cuda, _lstm_mps on mps)",
+    "aten::_scaled_dot_product_flash_attention_for_cpu*": "the CPU's attention kernel, picked by "
+                                                          "scaled_dot_product_attention on this host; a real "
+                                                          "target picks its own (flash/efficient on cuda, math on mps)",
+    "aten::_slow_conv2d_*": "the CPU's convolution kernel, picked by aten::convolution on this host; "
+                            "a real target picks its own convolution kernel",
+    "aten::slow_conv*": "the CPU's convolution kernel, picked by aten::convolution on this host; "
+                        "a real target picks its own convolution kernel",
+    "aten::mkldnn_*": "a oneDNN (CPU) kernel picked on this host; a real target picks its own",
+    "aten::_nnpack_*": "an NNPACK (CPU) kernel picked on this host; a real target picks its own",
+}
+
+
+def host_selected(op: str) -> str:
+    """The :data:`HOST_SELECTED` note for ``op`` ("" when it is not a host-selected kernel)."""
+    import fnmatch
+
+    for pattern, note in HOST_SELECTED.items():
+        if fnmatch.fnmatchcase(op, pattern):
+            return note
+    return ""
