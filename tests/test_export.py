@@ -107,3 +107,16 @@ def test_training_unsafe_decompositions_are_not_used():
 def test_bad_arguments_are_usage_errors(args, kwargs, pattern):
     with pytest.raises(UsageError, match=pattern):
         export(*args, **kwargs)
+
+
+def test_upsampling_exports_without_recursion():
+    """aten::upsample_nearest2d.vec (every diffusers UNet/VAE) once recursed without end."""
+
+    class Up(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.interpolate(x, scale_factor=2.0, mode="nearest")
+
+    x = torch.randn(1, 2, 4, 4)
+    result = export(Up(), (x,), target="mps")
+    assert "aten::upsample_nearest2d.vec" in result.decomposed
+    torch.testing.assert_close(result.module()(x), Up()(x))

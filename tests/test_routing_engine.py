@@ -206,3 +206,14 @@ def test_host_target_needs_no_engine(use_observer):
     if log.meta["source"] == "observer":  # CompositeImplicit ops show, with their pieces under them
         assert routes["aten::einsum"] == "composite" and routes["aten::linalg_eigh"] == "composite"
         assert any(r.parent == "aten::einsum" and r.op == "aten::bmm" for r in log.records())
+
+
+def test_nested_recorder_trace_inside_an_observer_trace_keeps_fallback_counts():
+    torch_adapter.install(target="mps", simulate=True)
+    x = torch.randn(8, 8)
+    with torch_adapter.trace() as outer:
+        with torch_adapter.trace(use_observer=False) as inner:
+            torch.linalg.eigh(x @ x.T)
+    assert inner.summary()["fallback"] >= 1
+    rows = [r for r in outer.table() if r["op"] == "aten::_linalg_eigh"]
+    assert rows and sum(r["calls"] for r in rows) == 1 and rows[0]["route"] == "fallback"

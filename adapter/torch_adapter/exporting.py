@@ -91,8 +91,12 @@ def _decomposition(op: Any, decision: Any, defaults: Any) -> Any:
         return None
     if op in defaults:
         return defaults[op]  # (CustomDecompTable.get does not materialise its lazy entries)
-    if decision.via == "torch._decomp":
-        return tp.decompositions().get(name)
+    table = tp.decompositions()
+    if decision.via in ("torch._decomp", "CompositeImplicitAutograd") and name in table:
+        # a Python decomposition written with other ops; preferred to op.decompose, whose
+        # CompositeImplicit py_kernel can re-enter the op under run_decompositions
+        # (aten::upsample_nearest2d.vec recursed without end)
+        return table[name]
     if decision.via == "CompositeImplicitAutograd":
         return op.decompose
     return None

@@ -237,7 +237,7 @@ class MemoryReport:
         from rich.console import Console
 
         with open(os.devnull, "w") as sink:
-            console = Console(width=width, record=True, file=sink, color_system=None)
+            console = Console(width=width, record=True, file=sink, color_system=None, force_jupyter=False)
             console.print(self)
         return console.export_text()
 
@@ -276,5 +276,9 @@ def stats(top: int = 10) -> MemoryReport:
 
     session = current()
     target = session.target if session is not None else resolve("auto")
+    if top:
+        import gc
+
+        gc.collect()  # tensors only kept alive by reference cycles are not live: drop them first
     return MemoryReport(os.getpid(), target.label, [_host_row(), *_device_rows(target)],
                         _largest(top) if top else [], tracking(), time.time())

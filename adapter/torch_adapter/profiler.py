@@ -303,7 +303,7 @@ class StepSummary:
     def render(self, width: int = 120) -> str:
         from rich.console import Console
 
-        console = Console(width=width, record=True, file=open(os.devnull, "w"), color_system=None)
+        console = Console(width=width, record=True, file=open(os.devnull, "w"), color_system=None, force_jupyter=False)
         console.print(self)
         console.file.close()
         return console.export_text()

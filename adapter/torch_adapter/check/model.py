@@ -178,7 +178,7 @@ class RuntimeSection:
         }
 
 
-@dataclass
+@dataclass(repr=False)
 class Report:
     """Everything one ``check`` run found."""
 
@@ -194,6 +194,11 @@ class Report:
     notes: list[Note] = field(default_factory=list)
     rules: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> metadata (fired rules)
     runtime: RuntimeSection | None = None
+
+    def __repr__(self) -> str:  # short: a notebook shows this under the HTML report
+        counts = ", ".join(f"{n} {sev}" for sev, n in self.counts().items())
+        return (f"<check Report {self.root!r} target={self.target}: {self.files_scanned} files, "
+                f"{len(self.findings)} findings ({counts}), {len(self.notes)} notes>")
 
     def counts(self) -> dict[str, int]:
         """Findings per severity, every severity present (0 when none)."""

@@ -92,7 +92,7 @@ def render_text(report: CoverageReport, *, width: int = 160, reasons: bool = Fal
 
     wide = width >= 130
     with open(os.devnull, "w") as sink:
-        console = Console(width=width, record=True, file=sink, color_system=None)
+        console = Console(width=width, record=True, file=sink, color_system=None, force_jupyter=False)
         console.print(rich_table(report, reasons=reasons, fallbacks=wide))
         if not wide:
             from rich.text import Text

@@ -204,8 +204,10 @@ class Engine:
             children, st.child_ns = st.child_ns, saved_child + dt
         if counted:
             st.decided = d
+        # the recorder already counts this call in its own logs; every other log counts it here
+        rec_logs = st.recorder.logs if counted and st.recorder is not None else ()
         for log in self.logs:
-            log.add_decision(d, calls=0 if counted and log is not self.log else 1, self_time_ns=dt - children,
+            log.add_decision(d, calls=0 if any(log is r for r in rec_logs) else 1, self_time_ns=dt - children,
                              bytes_to_cpu=copied[0], bytes_from_cpu=copied[1], parent=st.parent, find_site=True)
         return out
 

@@ -196,7 +196,7 @@ class RoutingLog:
         """The rich table as plain text (what ``torch-adapter run --report`` prints)."""
         from rich.console import Console
 
-        console = Console(width=width, record=True, file=open(os.devnull, "w"), color_system=None)
+        console = Console(width=width, record=True, file=open(os.devnull, "w"), color_system=None, force_jupyter=False)
         console.print(rich_table(self, limit=limit))
         console.file.close()
         return console.export_text()
