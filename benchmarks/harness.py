@@ -1,8 +1,9 @@
 """The benchmark harness: one workload under several configurations, interleaved.
 
-A :class:`Configuration` is a name, a factory of context managers (entered around every
-timed block: ``plain`` enters nothing, ``adapted`` enters ``torch_adapter.adapted(...)``)
-and the device string the workload is built for (see ``benchmarks/workloads.py`` for why
+A :class:`Configuration` is a name, a factory of context managers entered around every
+block, untimed (``plain`` enters nothing, ``adapted`` enters ``torch_adapter.adapted(...)``),
+optionally a second factory entered *inside* the timed region (what a per-cell hook costs,
+its start and stop included: an op observer), and the device string the workload is built for (see ``benchmarks/workloads.py`` for why
 plain gets the machine's real device and adapted configurations get ``"cuda"``).
 
 :func:`run` measures them the way a noisy shared machine needs:
@@ -12,8 +13,9 @@ plain gets the machine's real device and adapted configurations get ``"cuda"``).
 2. *interleave* — ``repeats`` rounds; each round runs one timed block per configuration,
    in the order given (``"abab"``: A B A B ...) or mirrored every other round
    (``"abba"``: A B B A ..., which cancels a linear drift of the machine's load);
-3. *block* — ``gc.collect()``, enter the context, ``settle`` untimed steps, then ``steps``
-   timed steps; wall time and process CPU time are both recorded.
+3. *block* — ``gc.collect()``, enter the context, ``settle`` untimed steps, then the timed
+   region: enter the timed context (if any), ``steps`` steps, exit it; wall time and process
+   CPU time are both recorded.
 
 Results are medians over blocks. *Throughput kept* of a configuration is
 ``median(plain seconds/step) / median(config seconds/step)`` — the ratio of the medians.
@@ -72,6 +74,7 @@ class Configuration:
     device: str
     description: str = ""
     goal: float | None = None  # throughput kept that counts as a pass (e.g. 0.995)
+    timed: Callable[[], ContextManager[Any]] | None = None  # entered inside the timed region
 
 
 def plain(device: str | None = None, *, name: str = "plain") -> Configuration:
@@ -173,15 +176,16 @@ def schedule(names: Sequence[str], repeats: int, order: str = "abab") -> list[st
     return out
 
 
-def _block(step: Callable[[], None], context: Callable[[], ContextManager[Any]],
-           steps: int, settle: int) -> tuple[float, float]:
+def _block(step: Callable[[], None], cfg: Configuration, steps: int, settle: int) -> tuple[float, float]:
     gc.collect()
-    with context():
+    with cfg.context():
         for _ in range(settle):
             step()
+        timed = cfg.timed() if cfg.timed is not None else contextlib.nullcontext()
         c0, t0 = time.process_time(), time.perf_counter()
-        for _ in range(steps):
-            step()
+        with timed:
+            for _ in range(steps):
+                step()
         t1, c1 = time.perf_counter(), time.process_time()
     return (t1 - t0) / steps, (c1 - c0) / steps
 
@@ -194,7 +198,9 @@ def run(workload: Any, configs: Sequence[Configuration], *, repeats: int = 5, st
 
     The first configuration is the baseline that ratios are computed against. With
     ``min_block_s``, ``steps`` grows until a baseline block lasts at least that long (short
-    steps are otherwise dominated by timer and scheduler noise).
+    steps are otherwise dominated by timer and scheduler noise). With ``budget_s``, no new
+    round starts once that many seconds have passed since the first timed block (at least
+    two rounds run); ``repeats`` in the result then says how many ran.
     """
     import torch
 
@@ -220,14 +226,14 @@ def run(workload: Any, configs: Sequence[Configuration], *, repeats: int = 5, st
         steps_fn: dict[str, Callable[[], None]] = {}
         for cfg in configs:
             t0 = time.perf_counter()
-            with cfg.context():
+            with cfg.context(), (cfg.timed or contextlib.nullcontext)():
                 steps_fn[cfg.name] = step = workload.build(cfg.device)
                 for _ in range(warmup):
                     step()
             results[cfg.name].build_s = time.perf_counter() - t0
             say(f"built {workload.name} under {cfg.name} in {results[cfg.name].build_s:.1f} s")
         if min_block_s > 0:
-            one, _ = _block(steps_fn[configs[0].name], configs[0].context, 1, 0)
+            one, _ = _block(steps_fn[configs[0].name], configs[0], 1, 0)
             steps = max(steps, math.ceil(min_block_s / max(one, 1e-9)))
         by_name = {c.name: c for c in configs}
         planned = schedule(names, repeats, order)
@@ -241,7 +247,7 @@ def run(workload: Any, configs: Sequence[Configuration], *, repeats: int = 5, st
                 repeats = i // len(names)
                 meta["stopped_early"] = True
                 break
-            wall, cpu = _block(steps_fn[cname], by_name[cname].context, steps, settle)
+            wall, cpu = _block(steps_fn[cname], by_name[cname], steps, settle)
             results[cname].wall.append(wall)
             results[cname].cpu.append(cpu)
             order_run.append(cname)

@@ -49,6 +49,14 @@ def test_run_interleaves_blocks_in_schedule_order():
         assert all(t > 0 for t in cfg.wall)
 
 
+def test_timed_context_is_entered_inside_each_timed_block():
+    log: list[str] = []
+    outer, inner = _recording("outer", log), _recording("inner", log)
+    cfg = harness.Configuration("x", outer.context, "cpu", timed=inner.context)
+    harness.run(workloads.mlp, [cfg], repeats=2, steps=1, warmup=0, settle=1)
+    assert log == ["outer", "inner"] * 3  # build + two blocks
+
+
 def test_ratios_are_computed_from_medians():
     base = harness.ConfigResult("plain", "cpu", "", None, wall=[1.0, 3.0, 2.0], cpu=[1.0, 1.0, 1.0])
     other = harness.ConfigResult("x", "cpu", "", 0.9, wall=[2.0, 4.0, 2.5], cpu=[2.0, 2.0, 2.0])
