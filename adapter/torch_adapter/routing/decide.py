@@ -29,7 +29,7 @@ from ..errors import UsageError, format_error
 from . import ops_table, rules
 
 __all__ = ["Route", "RouteDecision", "choose_route", "decide_name", "explain", "op_name",
-           "known_op_names", "clear_caches"]
+           "known_op_names", "is_known_op", "clear_caches"]
 
 
 class Route(str, enum.Enum):
@@ -60,6 +60,25 @@ class RouteDecision:
 def known_op_names() -> frozenset[str]:
     """Every op name the table or the dispatcher knows (custom ops registered later included)."""
     return frozenset(ops_table.load_table()) | frozenset(all_op_names())
+
+
+_KNOWN: list[frozenset[str]] = []
+_NOT_OPS: set[str] = set()  # names seen that are no op (profiler ranges such as "autograd::engine::...")
+
+
+def is_known_op(name: str) -> bool:
+    """``name in known_op_names()``, cheap on a hot path (after every notebook cell): the set is
+    cached and re-read from the dispatcher only for a name it has not seen (an op registered
+    since); names that are no op are remembered as such (an op observed was registered first)."""
+    if _KNOWN and name in _KNOWN[0]:
+        return True
+    if name in _NOT_OPS:
+        return False
+    _KNOWN[:] = [known_op_names()]
+    if name in _KNOWN[0]:
+        return True
+    _NOT_OPS.add(name)
+    return False
 
 
 @functools.lru_cache(maxsize=1)
@@ -206,6 +225,8 @@ def choose_route(op: Any, profile: Any, registry: Any = None, policy: Any = None
 def clear_caches() -> None:
     """Forget cached decisions and op names (after registering new custom ops)."""
     decide_name.cache_clear()
+    _KNOWN.clear()
+    _NOT_OPS.clear()
 
 
 # -- explain ---------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import time
 from typing import Any, Iterator
 
 from .._torch_private import dispatch_mode_base
-from .decide import decide_name, known_op_names
+from .decide import decide_name, is_known_op
 from .engine import state
 from .log import RoutingLog
 
@@ -94,6 +94,19 @@ def active_logs() -> list[RoutingLog]:
     return list(_ACTIVE)
 
 
+class _KnownOps:
+    """``in`` answers :func:`~.decide.is_known_op`, memoised for one fill (names repeat)."""
+
+    def __init__(self) -> None:
+        self._memo: dict[str, bool] = {}
+
+    def __contains__(self, name: str) -> bool:
+        hit = self._memo.get(name)
+        if hit is None:
+            hit = self._memo[name] = is_known_op(name)
+        return hit
+
+
 def _fill_from_observer(log: RoutingLog, result: Any, decide: Any, engine_log: RoutingLog | None) -> None:
     """Turn the observer's counts into log entries. Its ``calls`` count every depth, so an
     op's top-level entry gets its calls minus those made as a piece of another op; self time
@@ -101,7 +114,7 @@ def _fill_from_observer(log: RoutingLog, result: Any, decide: Any, engine_log: R
     come from ``engine_log`` instead (placed under the parents the observer saw)."""
     from .rules import ENGINE_OPS
 
-    known = known_op_names()
+    known = _KnownOps()
     engine_recs = list(engine_log.entries.values()) if engine_log is not None else []
     executed = {r.op for r in engine_recs}
     copies_of = {r.op for r in engine_recs if r.route == "fallback" and r.via == "cpu"}
