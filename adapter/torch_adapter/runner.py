@@ -111,7 +111,7 @@ def _report(session: Any, log: Any, to_terminal: bool, json_path: str | None) ->
             json.dump(payload, fh, indent=1)
         os.replace(tmp, json_path)
     if to_terminal:
-        console = Console(file=sys.stderr)
+        console = Console(file=sys.stderr, width=None if sys.stderr.isatty() else 140)
         console.print(session.redirect_log.render(f"torch_adapter: redirected to {session.target.label}"))
         if log is not None:
             console.print(log)
