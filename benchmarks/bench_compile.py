@@ -40,36 +40,10 @@ COMPILE_S: dict[str, float] = {}  # level -> seconds the first step spent compil
 def _build_prepared(device: str = "cuda", *, batch: int = 2, sample_size: int = 32) -> Callable[[], None]:
     """workloads.sd_unet's step (same model, optimizer and inputs), its model passed through
     torch_adapter.prepare(); times the first step apart."""
-    import torch
-    from diffusers import UNet2DConditionModel
-
     import torch_adapter
-    from torch_adapter.preparing import prepare  # public as torch_adapter.prepare once exported
 
-    torch.manual_seed(0)
-    model = UNet2DConditionModel(
-        sample_size=sample_size, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=32, attention_head_dim=8, norm_num_groups=32,
-    ).to(device)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     level = torch_adapter.current().config.optimization_level
-    prepared = prepare(model)
-    latents = torch.randn(batch, 4, sample_size, sample_size, device=device)
-    timesteps = torch.randint(0, 1000, (batch,), device=device)
-    text = torch.randn(batch, 8, 32, device=device)
-    target = torch.randn(batch, 4, sample_size, sample_size, device=device)
-
-    def step() -> None:
-        noise_pred = prepared(latents, timesteps, encoder_hidden_states=text).sample
-        loss = torch.nn.functional.mse_loss(noise_pred, target)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize()
-
+    step = workloads._build_sd_unet(device, batch=batch, sample_size=sample_size, wrap=torch_adapter.prepare)
     t0 = time.perf_counter()
     step()
     first = time.perf_counter() - t0

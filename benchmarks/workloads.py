@@ -54,7 +54,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _build_sd_unet(device: str = "cuda", *, batch: int = 2, sample_size: int = 32) -> Step:
+def _build_sd_unet(device: str = "cuda", *, batch: int = 2, sample_size: int = 32,
+                   wrap: Callable[[object], object] | None = None) -> Step:
+    """``wrap`` (e.g. ``torch_adapter.prepare``) turns the model into what the step calls."""
     import torch
     from diffusers import UNet2DConditionModel
 
@@ -73,13 +75,14 @@ def _build_sd_unet(device: str = "cuda", *, batch: int = 2, sample_size: int = 3
     ).to(device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    forward = wrap(model) if wrap is not None else model
     latents = torch.randn(batch, 4, sample_size, sample_size, device=device)
     timesteps = torch.randint(0, 1000, (batch,), device=device)
     text = torch.randn(batch, 8, 32, device=device)
     target = torch.randn(batch, 4, sample_size, sample_size, device=device)
 
     def step() -> None:
-        noise_pred = model(latents, timesteps, encoder_hidden_states=text).sample
+        noise_pred = forward(latents, timesteps, encoder_hidden_states=text).sample
         loss = torch.nn.functional.mse_loss(noise_pred, target)
         loss.backward()
         optimizer.step()
