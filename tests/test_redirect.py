@@ -280,3 +280,17 @@ def test_torch_compile_cuda_graph_modes_run_on_the_cpu_target():
     torch.testing.assert_close(f(x), (x * 2).sin())
     rows = [e for e in session.redirect_log.entries() if e.kind == "compile"]
     assert rows and rows[0].asked == "torch.compile(mode='reduce-overhead')" and "'default'" in rows[0].became
+
+
+def test_targets_command_lists_real_and_simulated(cli):
+    res = cli("targets", "--json")
+    assert res.returncode == 0, res.stderr
+    import json
+
+    rows = json.loads(res.stdout)
+    sim = {r["name"]: r for r in rows if r["simulated"]}
+    assert {"cuda", "mps", "mtia", "xpu"} <= set(sim)
+    assert sim["mps"]["native_ops"] > 0 and sim["mps"]["dist_backend"] == "gloo"  # executes on this host
+    assert sim["xpu"]["complete"] is False
+    table = cli("targets")
+    assert table.returncode == 0 and "simulated" in table.stdout and "mps" in table.stdout

@@ -65,14 +65,19 @@ def _targets(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title="torch_adapter targets")
-    for col in ("name", "kind", "present", "device", "devices", "collectives", "details"):
+    for col in ("name", "kind", "present", "runs on", "devices", "collectives", "ops native/composite/fallback",
+                "details"):
         table.add_column(col)
     for r in rows:
         kind = "simulated" if r.get("simulated") else "real"
-        details = ", ".join(f"{k}={v}" for k, v in r.get("details", {}).items())
+        ops = (f"{r['native_ops']}/{r['composite_ops']}/{r['fallback_ops']}" if "native_ops" in r else "")
+        details = dict(r.get("details", {}))
+        note = details.pop("note", "") or details.pop("reason", "")
+        details.pop("complete", None)
+        text = "; ".join([note, *(f"{k}={v}" for k, v in details.items())]).strip("; ")
         table.add_row(r["name"], kind, "yes" if r.get("present") else "no", str(r.get("device", "")),
-                      str(r.get("devices", "")), str(r.get("dist_backend", "")), details)
-    Console().print(table)
+                      str(r.get("devices", "")), str(r.get("dist_backend", "")), ops, text)
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
     return 0
 
 

@@ -233,7 +233,7 @@ def _parse_toml(path: str, chain: tuple[str, ...]) -> CapabilityProfile:
 # -- listing ---------------------------------------------------------------------------------
 def simulated_rows() -> list[dict[str, Any]]:
     """One ``targets()`` row per built-in simulated profile, with route counts over its table."""
-    from ..target import KNOWN, resolve
+    from ..target import resolve
     from .decide import Route, decide_name
 
     host = resolve("auto")
@@ -248,7 +248,7 @@ def simulated_rows() -> list[dict[str, Any]]:
         if note:
             details["note"] = note
         rows.append({"name": name, "present": True, "simulated": True, "device": host.device_type,
-                     "devices": 1, "dist_backend": KNOWN[name][2], "details": details,
+                     "devices": 1, "dist_backend": host.dist_backend, "details": details,  # runs on the host
                      "native_ops": profile.native_count, "composite_ops": counts[Route.COMPOSITE],
                      "fallback_ops": counts[Route.FALLBACK],
                      "view_ops": counts[Route.NATIVE] - profile.native_count, "complete": complete})
