@@ -16,7 +16,7 @@ __all__ = ["decider"]
 def decider() -> tuple[Callable[[str], Any], Any, dict[str, Any]]:
     """``(decide, engine, meta)``: ``decide("aten::log")`` -> RouteDecision, or None for a name
     the dispatcher does not know; the session's engine or None; target metadata (JSON-able)."""
-    from .routing.decide import decide_name, known_op_names
+    from .routing.decide import decide_name, is_known_op
     from .routing.profiles import profile_for
     from .session import current
     from .target import resolve
@@ -24,7 +24,6 @@ def decider() -> tuple[Callable[[str], Any], Any, dict[str, Any]]:
     session = current()
     engine = getattr(session, "routing", None) if session is not None else None
     target = session.target if session is not None else resolve("auto")
-    known = known_op_names()
     cache: dict[str, Any] = {}
     if engine is not None:
         base: Callable[[str], Any] = engine.decide
@@ -36,7 +35,7 @@ def decider() -> tuple[Callable[[str], Any], Any, dict[str, Any]]:
 
     def decide(name: str) -> Any:
         if name not in cache:
-            cache[name] = base(name) if name in known else None
+            cache[name] = base(name) if is_known_op(name) else None
         return cache[name]
 
     meta = {"target": target.name, "simulated": bool(target.simulated), "device": target.device_type,

@@ -13,15 +13,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .._callsite import user_frame as _user_frame
+from .._callsite import user_frame
 
-__all__ = ["RedirectLog", "RedirectEntry", "redirect_log", "user_frame"]
-
-
-
-def user_frame(depth: int = 2) -> Any:
-    """The innermost user frame (see :mod:`torch_adapter._callsite`)."""
-    return _user_frame(depth)
+__all__ = ["RedirectLog", "RedirectEntry", "redirect_log"]
 
 
 @dataclass
@@ -55,7 +49,7 @@ class RedirectLog:
         if not self.enabled:
             return
         try:
-            frame = user_frame(depth)
+            frame = user_frame(depth - 1)  # depth counts from record()'s caller
             code = frame.f_code
             key = (code.co_filename, frame.f_lineno, asked)
             row = self._rows.get(key)
