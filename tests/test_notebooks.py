@@ -88,10 +88,19 @@ def cell(nb: nbformat.NotebookNode, cell_id: str) -> nbformat.NotebookNode:
 def text(c: nbformat.NotebookNode) -> str:
     """Everything a reader sees of a cell as text: streams, text/plain, errors."""
     parts = []
+    prev_stream = None
     for o in c.outputs:
         if o.output_type == "stream":
-            parts.append(o.text)
-        elif o.output_type in ("display_data", "execute_result"):
+            # A kernel may flush one print() as several stream messages: join them as the
+            # reader sees them, not line by line.
+            if prev_stream == o.name and parts:
+                parts[-1] += o.text
+            else:
+                parts.append(o.text)
+            prev_stream = o.name
+            continue
+        prev_stream = None
+        if o.output_type in ("display_data", "execute_result"):
             parts.append(str(o.data.get("text/plain", "")))
         elif o.output_type == "error":
             parts.append(f"{o.ename}: {o.evalue}")
