@@ -194,17 +194,17 @@ def apply(session: Any) -> DeviceMapper:
             mapper.log.record("device", f"Tensor.type({name!r})", f"{cpu_name} on {new}", depth=3)
             return orig_to(orig_type(self, cpu_name), new, non_blocking=non_blocking)
         if dtype is None:
-            return orig_type(self)
+            return orig_type(self, **kwargs) if kwargs else orig_type(self)
         return orig_type(self, dtype, non_blocking, **kwargs)
 
     p.set(T, "type", type_)
 
     orig_record_stream = T.record_stream
 
-    def record_stream(self: torch.Tensor, stream: Any) -> None:
-        if isinstance(stream, torch.Stream) or type(stream).__module__.startswith("torch"):
-            if not getattr(stream, "__torch_adapter_stream__", False):
-                return orig_record_stream(self, stream)
+    def record_stream(self: torch.Tensor, s: Any) -> None:  # torch names the parameter ``s``
+        if isinstance(s, torch.Stream) or type(s).__module__.startswith("torch"):
+            if not getattr(s, "__torch_adapter_stream__", False):
+                return orig_record_stream(self, s)
         return None  # the CPU target's streams are synchronous: nothing to record
 
     p.set(T, "record_stream", record_stream)
