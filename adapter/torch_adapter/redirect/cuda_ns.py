@@ -147,11 +147,11 @@ def _unsupported(name: str, original: Any) -> Any:
     annotations, ``isinstance`` checks and subclassing keep working); only making one raises."""
     why = TABLE[name][1]
 
+    # Any call raises the reason (even one torch would refuse with a TypeError: "unsupported
+    # here" is what the user needs to know first); introspection sees the original's parameters.
     sig = _signature(original)
 
     def fail(*args: Any, **kwargs: Any) -> Any:
-        if sig is not None:
-            sig.bind(*args, **kwargs)  # a call torch would reject is a TypeError, as there
         raise UnsupportedCudaFeature(format_error(
             f"torch.cuda.{name}", "a CUDA device", "a torch_adapter target without CUDA",
             why=f"{name}: {why}", fix=_FIXES.get(name, "guard this call with torch.version.cuda, or remove it")))
