@@ -32,6 +32,7 @@ class Patcher:
         self._saved: dict[tuple[int, str], tuple[Any, str, bool, Any]] = {}
         self._order: list[tuple[int, str]] = []
         self._env: dict[str, str | None] = {}
+        self._after: list[Any] = []
 
     def __len__(self) -> int:
         return len(self._saved)
@@ -67,8 +68,14 @@ class Patcher:
         else:
             os.environ[name] = value
 
+    def after_restore(self, fn: Any) -> None:
+        """Run ``fn()`` once :meth:`restore` has put every attribute back (newest first):
+        for caches that torch built from the patched attributes and must rebuild."""
+        self._after.append(fn)
+
     def restore(self) -> None:
-        """Undo every patch, newest first; the environment as it was."""
+        """Undo every patch, newest first; the environment as it was; then the
+        :meth:`after_restore` callbacks."""
         for key in reversed(self._order):
             owner, name, had_own, original = self._saved[key]
             if had_own:
@@ -88,6 +95,9 @@ class Patcher:
             else:
                 os.environ[name] = value
         self._env.clear()
+        after, self._after = self._after, []
+        for fn in reversed(after):
+            fn()
 
 
 def _own_dict(owner: Any) -> Any:

@@ -1,0 +1,138 @@
+"""One distilled case per class of failure seen in real CUDA-written programs (issue 16).
+
+Each test runs the behaviour a real program relies on (where a tensor lands, whether a
+forward/backward runs), under the adapter and after it, rather than checking attributes.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils import _device
+
+import torch_adapter
+
+
+# --- torch's device context (torch.utils._device) -------------------------------------------
+def _fresh_constructor_cache():
+    """As in a fresh interpreter: torch has not built its factory set yet."""
+    _device._device_constructors.cache_clear()
+
+
+def _context_devices() -> dict[str, str]:
+    out = {}
+    with torch.device("meta"):
+        out["meta empty"] = torch.empty(2).device.type
+        out["meta zeros"] = torch.zeros(2, 3).device.type
+        out["meta arange"] = torch.arange(3).device.type
+        out["meta tensor"] = torch.tensor([1.0]).device.type
+        out["meta Linear"] = nn.Linear(2, 2).weight.device.type
+    torch.set_default_device("meta")
+    try:
+        out["default randn"] = torch.randn(2).device.type
+        out["default full"] = torch.full((2,), 1.0).device.type
+    finally:
+        torch.set_default_device(None)
+    out["plain"] = torch.ones(1).device.type
+    return out
+
+
+EXPECTED = {"meta empty": "meta", "meta zeros": "meta", "meta arange": "meta", "meta tensor": "meta",
+            "meta Linear": "meta", "default randn": "meta", "default full": "meta", "plain": "cpu"}
+
+
+@pytest.mark.parametrize("built_before_install", [False, True])
+def test_device_context_works_during_and_after_install(built_before_install):
+    _fresh_constructor_cache()
+    if built_before_install:
+        _device._device_constructors()
+    assert _context_devices() == EXPECTED
+    torch_adapter.install("cpu")
+    assert _context_devices() == EXPECTED
+    with torch.device("cuda"):
+        assert torch.empty(1).device.type == "cpu"
+    torch_adapter.uninstall()
+    assert _context_devices() == EXPECTED
+    assert not any(getattr(f, "__torch_adapter_original__", None) for f in _device._device_constructors())
+
+
+def test_factory_set_first_built_while_installed_holds_torchs_own_functions():
+    _fresh_constructor_cache()
+    torch_adapter.install("cpu")
+    try:
+        cached = _device._device_constructors()
+        assert torch.empty is not torch.empty.__wrapped__  # wrapped now
+        assert torch.empty.__wrapped__ in cached and torch.empty not in cached
+    finally:
+        torch_adapter.uninstall()
+    assert torch.empty in _device._device_constructors()
+
+
+# --- nn.DataParallel on the host ------------------------------------------------------------
+def test_data_parallel_cuda_runs_forward_and_backward_on_the_host():
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1))
+    x = torch.randn(5, 4)
+    expected = plain(x).sum()
+    expected.backward()
+    grads = [p.grad.clone() for p in plain.parameters()]
+    plain.zero_grad()
+
+    torch_adapter.install("cpu")
+    model = nn.DataParallel(plain).cuda()
+    model_ids = nn.DataParallel(plain, device_ids=[0], output_device=0).cuda()
+    for m in (model, model_ids):
+        out = m(x.cuda()).sum()
+        out.backward()
+        assert out.device.type == "cpu" and torch.equal(out, expected)
+        assert all(torch.equal(p.grad, g) for p, g in zip(plain.parameters(), grads))
+        plain.zero_grad()
+    from torch.nn.parallel import data_parallel
+
+    assert torch.equal(data_parallel(plain, x.cuda(), device_ids=[0]).sum(), expected)
+
+
+def test_data_parallel_patch_is_on_the_module_not_the_function():
+    session = torch_adapter.install("cpu")
+    module = sys.modules["torch.nn.parallel.data_parallel"]
+    assert session.patcher.is_patched(module, "_get_available_device_type")
+    assert "_get_available_device_type" not in vars(torch.nn.parallel.data_parallel)  # the function
+
+
+# --- integer device ordinals ----------------------------------------------------------------
+INT_CALLS = {
+    "Tensor.to(0)": lambda: torch.ones(2).to(0),
+    "Tensor.to(device=0)": lambda: torch.ones(2).to(device=0),
+    "Tensor.to(0, float16)": lambda: torch.ones(2).to(0, torch.float16),
+    "Tensor.cuda(0)": lambda: torch.ones(2).cuda(0),
+    "Module.to(0)": lambda: nn.Linear(2, 2).to(0).weight,
+    "Module.to(device=0)": lambda: nn.Linear(2, 2).to(device=0).weight,
+    "Module.to(0, dtype)": lambda: nn.Linear(2, 2).to(0, torch.float64).weight,
+    "Module.cuda(0)": lambda: nn.Linear(2, 2).cuda(0).weight,
+    "torch.zeros(device=0)": lambda: torch.zeros(2, device=0),
+    "torch.tensor(device=0)": lambda: torch.tensor([1, 2], device=0),
+    "ones_like(device=0)": lambda: torch.ones_like(torch.ones(2), device=0),
+    "new_zeros(device=0)": lambda: torch.ones(2).new_zeros(3, device=0),
+    "Module.to_empty(device=0)": lambda: nn.Linear(2, 2).to_empty(device=0).weight,
+    "Generator(device=0)": lambda: torch.randn(2, generator=torch.Generator(device=0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INT_CALLS))
+def test_int_ordinals_mean_the_target(name):
+    with pytest.raises(RuntimeError, match="accelerator"):
+        INT_CALLS[name]()  # without the adapter: "Cannot access accelerator device ..."
+    torch_adapter.install("cpu")
+    assert INT_CALLS[name]().device.type == "cpu"
+
+
+def test_default_device_int_ordinal():
+    torch_adapter.install("cpu")
+    torch.set_default_device(0)
+    try:
+        assert torch.empty(1).device.type == "cpu"
+    finally:
+        torch.set_default_device(None)
