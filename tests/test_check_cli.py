@@ -46,10 +46,13 @@ def test_exit_codes(proj, capsys):
     (["{missing}"], r"(?s)an existing folder or file.*Why: it does not exist"),
     ([], r"a folder or file to check, got no path"),
     (["{proj}", "--output", "{proj}/report.txt"], r"--output ending in .html or .json"),
-    (["{proj}", "--output", "{proj}/no/such/dir/r.json"], r"--output in an existing folder"),
-    (["{proj}", "--output", "{proj}"], r"--output naming a file"),
+    (["{proj}", "--output", "{proj}/no/such/dir/r.json"], r"(?s)--output.*the folder does not exist"),
+    (["{proj}", "--output", "{proj}"], r"(?s)--output.*it is a folder"),
+    (["{proj}", "--output", "/dev/null"], r"(?s)--output.*it is a character device"),
     (["{proj}", "--format", "json"], r"--output FILE with --format"),
-    (["{proj}", "--rules", "{proj}/absent.toml"], r"a readable TOML file"),
+    (["{proj}", "--rules", "{proj}/absent.toml"], r"(?s)a readable UTF-8 TOML file.*no such file"),
+    (["{proj}", "--rules", "/dev/zero"], r"(?s)--rules.*'/dev/zero'.*a character device, not a regular file"),
+    (["{proj}", "--rules", "{proj}"], r"(?s)--rules.*it is a folder"),
     (["{proj}", "--path", "{proj}/other"], r"one path"),
     (["{proj}", "--run", "torchrun x.py"], r"python SCRIPT \[ARGS\]"),
     (["{proj}", "--max-file-size", "0"], r"--max-file-size > 0"),
@@ -171,3 +174,82 @@ def test_progress_bar_on_a_terminal(tmp_path, monkeypatch, capsys):
 def test_load_report_json_errors(text, pattern):
     with pytest.raises(CheckError, match=pattern):
         load_report_json(text)
+
+
+# -- safety: check never runs the scanned project, never hangs on what it reads -----------------
+_SHADOWED = ("rich", "jinja2", "yaml", "torch", "libcst", "markupsafe", "typing_extensions")
+
+
+def _hostile_project(root: Path) -> Path:
+    """A project whose files are named like check's dependencies; importing one leaves a marker."""
+    proj = root / "hostile"
+    proj.mkdir()
+    for name in _SHADOWED:
+        (proj / f"{name}.py").write_text(
+            f"import pathlib\npathlib.Path(__file__).with_name('IMPORTED_{name}').write_text('ran')\n"
+            f"raise SystemExit('the project\\'s {name}.py ran')\n")
+    (proj / "gpu.py").write_text("import torch\nx = torch.zeros(1).cuda()\n")
+    return proj
+
+
+@pytest.mark.parametrize("entry", ["torch-adapter", "-m torch_adapter check", "-m torch_adapter.check"])
+def test_check_never_imports_the_scanned_project(tmp_path, entry):
+    import os
+    import shutil
+
+    proj = _hostile_project(tmp_path)
+    if entry == "torch-adapter":
+        exe = shutil.which("torch-adapter")
+        assert exe, "the torch-adapter command is installed with the project"
+        argv = [exe, "check"]
+    else:
+        argv = [sys.executable, *entry.split()]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p.endswith(("adapter", "widgets")))}
+    done = subprocess.run([*argv, ".", "--output", "report.html", "--fail-on", "never"], cwd=proj,
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "DEV001" in (proj / "report.html").read_text()
+    assert not sorted(p.name for p in proj.glob("IMPORTED_*")), done.stderr
+
+
+def test_rules_from_a_fifo_are_refused_not_waited_on(proj, tmp_path):
+    import os
+
+    fifo = tmp_path / "rules.toml"
+    os.mkfifo(fifo)
+    done = subprocess.run([sys.executable, "-m", "torch_adapter.check", str(proj), "--rules", str(fifo)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "FIFO" in done.stderr and "not a regular file" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_rules_file_over_the_size_limit_is_refused(proj, tmp_path, capsys):
+    from torch_adapter._safe_io import READ_LIMIT
+
+    big = tmp_path / "big.toml"
+    with open(big, "wb") as fh:
+        fh.truncate(READ_LIMIT + 1)
+    assert main([str(proj), "--rules", str(big)]) == 2
+    assert "at most" in capsys.readouterr().err
+
+
+def test_output_keeps_the_mode_of_the_report_it_replaces(proj, tmp_path):
+    import os
+    import stat
+
+    out = tmp_path / "r.json"
+    out.write_text("old")
+    os.chmod(out, 0o644)
+    assert main([str(proj), "-o", str(out), "-q"]) == 0
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o644
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left
+
+
+def test_output_symlink_is_refused_and_its_target_untouched(proj, tmp_path, capsys):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    link = tmp_path / "r.json"
+    link.symlink_to(victim)
+    assert main([str(proj), "-o", str(link), "-q"]) == 2
+    assert "symbolic link" in capsys.readouterr().err
+    assert victim.read_text() == "precious" and link.is_symlink()

@@ -39,6 +39,47 @@ def test_cpu_target_figures_are_the_ones_torch_cuda_reports():
     assert cpu["peak_reserved"] >= cpu["reserved"] and report.largest == [] and report.target == "cpu"
 
 
+def test_cpu_peak_counts_a_tensor_made_and_freed_after_the_reset():
+    torch_adapter.install(target="cpu")
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    x = torch.ones(256 * MiB // 4, device="cuda")  # 256 MiB, written: resident
+    del x
+    after = torch.cuda.memory_allocated()
+    peak = torch.cuda.max_memory_allocated()
+    assert peak - max(before, after) >= 250 * MiB, (before, after, peak)
+    assert torch.cuda.memory_stats()["allocated_bytes.all.peak"] >= peak  # a peak never goes down until reset
+    torch.cuda.reset_peak_memory_stats()
+    assert torch.cuda.max_memory_allocated() < peak - 200 * MiB  # the reset starts again from now
+
+
+def test_cpu_peak_that_is_not_tracked_says_so(monkeypatch):
+    """Where the kernel keeps no resettable high-water mark, the peak is refused, not faked."""
+    from torch_adapter.errors import UnsupportedCudaFeature
+    from torch_adapter.redirect import host_memory as hm
+
+    torch_adapter.install(target="cpu")
+    real_open = open
+
+    def no_clear_refs(path, *a, **k):
+        if path == "/proc/self/clear_refs":
+            raise PermissionError(13, "Permission denied", path)  # as in sandboxes without it
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr("builtins.open", no_clear_refs)
+    torch.cuda.reset_peak_memory_stats()
+    monkeypatch.undo()
+    try:
+        with pytest.raises(UnsupportedCudaFeature, match="(?s)max_memory_allocated.*not tracked|no resettable"):
+            torch.cuda.max_memory_allocated()
+        stats = torch.cuda.memory_stats()
+        assert "allocated_bytes.all.peak" not in stats and "not tracked" in stats["torch_adapter.source"]
+        assert memory.stats(top=0).devices[0]["peak_allocated"] is None
+    finally:
+        hm.reset_peak()
+    assert hm.peak_tracked()
+
+
 class Maker(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.new_zeros(512, 1024)  # MAKER-LINE: 2 MiB

@@ -6,6 +6,10 @@ it does nothing unless ``TORCH_ADAPTER_AUTOINSTALL`` is set, and then calls
 serialised into that variable (JSON). This is how ``mp.spawn`` children, DataLoader
 workers started with "spawn", and ``torchrun`` ranks are adapted (the pattern is
 coverage.py's subprocess measurement).
+
+It runs once per interpreter: CPython may process one ``.pth`` twice (a site folder reached
+by two spellings, e.g. a venv's ``lib64 -> lib`` link), and a second call does nothing —
+so a failure is reported once, and the adapter is never installed twice.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import sys
 __all__ = ["ENV_VAR", "activate", "encode"]
 
 ENV_VAR = "TORCH_ADAPTER_AUTOINSTALL"
+_ACTIVATED = False  # the run-once guard (this module stays in sys.modules between .pth lines)
 
 
 def encode(settings: dict) -> str:
@@ -24,9 +29,11 @@ def encode(settings: dict) -> str:
 
 
 def activate() -> None:
+    global _ACTIVATED
     raw = os.environ.get(ENV_VAR, "")
-    if not raw:
+    if not raw or _ACTIVATED:
         return
+    _ACTIVATED = True
     try:
         settings = json.loads(raw) if raw.strip().startswith("{") else {"target": raw}
         from torch_adapter.session import install

@@ -12,6 +12,17 @@ Protocol: one JSON line in (``{"request": "stats", "top": 10}``), one JSON line 
 :class:`~torch_adapter.memory.MemoryReport` dict, or ``{"error": "..."}``), then close.
 Nothing else is served; the thread wakes only for connections (and once a second to see
 whether it should stop).
+
+Clients are served concurrently (a thread each, at most :data:`_MAX_CLIENTS` at once; the
+rest are told the server is busy): each has :data:`_CLIENT_TIMEOUT` seconds in all to send
+its request and take the reply, so an idle or slow client delays no one else. A client that
+goes away early is forgotten quietly (nothing is printed on the served program's stderr).
+
+The socket is removed at normal exit (``atexit``), on ``SIGINT`` (Python's default handler
+raises ``KeyboardInterrupt``, so ``atexit`` runs) and on ``SIGTERM`` when the program has no
+handler of its own (the server installs one that removes the socket, then lets the signal
+end the process as before). After ``SIGKILL`` nothing can run: ``torch-adapter memory
+--list`` marks such sockets ``stale``.
 """
 
 from __future__ import annotations
@@ -19,11 +30,13 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import socket
 import stat
 import struct
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +44,8 @@ __all__ = ["ENV_VAR", "socket_dirs", "socket_path", "MemoryServer", "start", "ru
 
 ENV_VAR = "TORCH_ADAPTER_MEMORY_SERVER"
 _MAX_REQUEST = 65536
+_MAX_CLIENTS = 8  # served at once
+_CLIENT_TIMEOUT = 5.0  # seconds a client has, in all, to send its request and read the reply
 _LOCK = threading.Lock()
 _SERVER: "MemoryServer | None" = None
 _USERS = 0  # sessions using the server
@@ -117,6 +132,7 @@ class MemoryServer:
         self._sock.listen(8)
         self._sock.settimeout(1.0)
         self._stop = threading.Event()
+        self._slots = threading.BoundedSemaphore(_MAX_CLIENTS)
         self.served = 0
         self._thread = threading.Thread(target=self._serve, name=f"torch-adapter-memory-server-{self.pid}", daemon=True)
         self._thread.start()
@@ -129,21 +145,48 @@ class MemoryServer:
                 continue
             except OSError:
                 return  # closed by stop()
-            with conn:
-                try:
-                    self._answer(conn)
-                except Exception as exc:  # never take the process down; say what happened
-                    print(f"torch_adapter memory server (pid {self.pid}): a request failed: "
-                          f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            if not self._slots.acquire(blocking=False):
+                self._reply_quietly(conn, {"error": f"busy: {_MAX_CLIENTS} clients are being served; retry"})
+                continue
+            threading.Thread(target=self._client, args=(conn,), daemon=True,
+                             name=f"torch-adapter-memory-client-{self.pid}").start()
 
-    def _answer(self, conn: socket.socket) -> None:
-        conn.settimeout(5.0)
+    def _client(self, conn: socket.socket) -> None:
+        try:
+            with conn:
+                self._answer(conn, time.monotonic() + _CLIENT_TIMEOUT)
+        except (OSError, TimeoutError):
+            pass  # the client went away or was too slow: its loss, nobody else's
+        except Exception as exc:  # never take the process down; say what happened
+            print(f"torch_adapter memory server (pid {self.pid}): a request failed: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        finally:
+            self._slots.release()
+
+    @staticmethod
+    def _reply_quietly(conn: socket.socket, reply: dict[str, Any]) -> None:
+        with conn:
+            try:
+                conn.settimeout(0.5)
+                _send(conn, reply)
+            except OSError:
+                pass
+
+    def _answer(self, conn: socket.socket, deadline: float) -> None:
+        def left() -> float:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("client too slow")
+            return remaining
+
+        conn.settimeout(left())
         uid = _peer_uid(conn)
         if uid is not None and uid != os.getuid():
             _send(conn, {"error": f"uid {uid} may not read this process (uid {os.getuid()})"})
             return
         data = b""
         while not data.endswith(b"\n") and len(data) < _MAX_REQUEST:
+            conn.settimeout(left())
             chunk = conn.recv(4096)
             if not chunk:
                 break
@@ -159,7 +202,9 @@ class MemoryServer:
             return
         from .memory import stats
 
-        _send(conn, stats(top=max(0, min(top, 1000))).to_dict())
+        reply = stats(top=max(0, min(top, 1000))).to_dict()
+        conn.settimeout(left())
+        _send(conn, reply)
         self.served += 1
 
     def stop(self) -> None:
@@ -172,6 +217,10 @@ class MemoryServer:
         self._sock.close()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
+        self.remove_socket()
+
+    def remove_socket(self) -> None:
+        """Remove the socket file (only in the process that made it); safe to call twice."""
         if os.getpid() == self.pid:
             try:
                 self.path.unlink()
@@ -182,6 +231,41 @@ class MemoryServer:
         """After fork: the child does not serve, and must not remove the parent's socket."""
         self._stop.set()
         self._sock.close()
+
+
+_PREVIOUS_SIGTERM: Any = None
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM with no handler of the program's: remove the socket, then die of the signal as before."""
+    server = _SERVER
+    if server is not None:
+        server.remove_socket()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _hook_sigterm() -> None:
+    global _PREVIOUS_SIGTERM
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread; atexit still covers normal exit
+    try:
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            _PREVIOUS_SIGTERM = signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):
+        pass
+
+
+def _unhook_sigterm() -> None:
+    global _PREVIOUS_SIGTERM
+    if _PREVIOUS_SIGTERM is None or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:  # still ours: put the program's back
+            signal.signal(signal.SIGTERM, _PREVIOUS_SIGTERM)
+    except (ValueError, OSError):
+        pass
+    _PREVIOUS_SIGTERM = None
 
 
 def _after_fork() -> None:
@@ -198,6 +282,7 @@ def start() -> Any:
         if _SERVER is None:
             _SERVER = MemoryServer()
             atexit.register(_SERVER.stop)
+            _hook_sigterm()
             if hasattr(os, "register_at_fork") and not _FORK_HOOKED:
                 os.register_at_fork(after_in_child=_after_fork)
                 _FORK_HOOKED = True
@@ -217,6 +302,7 @@ def start() -> Any:
                 return
             _SERVER = None
         atexit.unregister(server.stop)
+        _unhook_sigterm()
         server.stop()
 
     return stop

@@ -55,7 +55,8 @@ def reset_device_constructors() -> None:
 # (torch.library.get_kernel is the newest); check_routing_support() says so clearly.
 __all__ += ["check_routing_support", "all_op_names", "has_kernel_for_key", "dispatch_key_for_device",
             "host_kernel", "decompositions", "resolve_op", "call_composite_explicit",
-            "kernel_library", "register_python_kernel", "dispatch_mode_base", "DispatchKeySet"]
+            "kernel_library", "register_python_kernel", "dispatch_mode_base", "DispatchKeySet",
+            "backend_dispatch_keys"]
 
 
 def check_routing_support() -> None:
@@ -169,6 +170,19 @@ def dispatch_mode_base() -> type:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     return TorchDispatchMode
+
+
+def backend_dispatch_keys() -> tuple[str, ...]:
+    """The dense backend dispatch keys (``CPU``, ``CUDA``, ..., ``PrivateUse1``, ``Meta``):
+    the keys a capability profile may name (``torch._C.DispatchKey``'s members between
+    ``StartOfDenseBackends`` and ``EndOfDenseBackends``)."""
+    import torch
+
+    names = list(torch._C.DispatchKey.__members__)
+    try:
+        return tuple(names[names.index("StartOfDenseBackends") + 1:names.index("EndOfDenseBackends")])
+    except ValueError:  # an enum laid out differently: every key but the markers
+        return tuple(n for n in names if not n.startswith(("StartOf", "EndOf")))
 
 
 def DispatchKeySet(key: str) -> Any:  # noqa: N802 - mirrors the torch type

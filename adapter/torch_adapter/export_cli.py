@@ -5,7 +5,8 @@
 ``--model`` names a factory ``module:function`` (or ``path/to/file.py:function``) returning
 ``(model, example_inputs)`` — the same factories ``torch-adapter coverage --models`` takes.
 Writes ``model.pt2`` and ``model.routing.json`` (ops decomposed, ops that would still fall
-back). Exit codes: 0 written, 1 some ops would still fall back on the target
+back), both through the one safe writer (``_safe_io``; checked before the model is built; the
+folder must exist). Exit codes: 0 written, 1 some ops would still fall back on the target
 (``--fail-on-fallback``), 2 usage or I/O errors.
 """
 
@@ -37,6 +38,14 @@ def run(args: argparse.Namespace) -> int:
     from .exporting import export
 
     try:
+        from pathlib import Path
+
+        from ._safe_io import check_output
+
+        if args.output.endswith(".pt2"):  # (a wrong suffix is export()'s error, with its fix)
+            check_output(args.output, call="torch-adapter export --output")
+            check_output(str(Path(args.output).with_suffix(".routing.json")),
+                         call="torch-adapter export --output (its .routing.json)")
         work = build(load_factory(args.model))
         inputs = work.inputs if isinstance(work.inputs, tuple) else (work.inputs,)
         if isinstance(work.inputs, dict):

@@ -136,6 +136,10 @@ def _check(model: Any, example_inputs: Any, path: Any) -> tuple[Any, Path | None
                                           "a path ending in .pt2", repr(os.fspath(path)),
                                           why="torch.export.save writes a .pt2 archive",
                                           fix=f"path={str(out.with_suffix('.pt2'))!r}"))
+        from ._safe_io import check_output  # both files, before anything is exported
+
+        out = check_output(out, call="torch_adapter.export(path=...)")
+        check_output(out.with_suffix(".routing.json"), call="torch_adapter.export(path=...): the routing report")
     return tuple(example_inputs), out
 
 
@@ -189,10 +193,13 @@ def export(model: Any, example_inputs: Any, *, target: Any = None, path: str | o
         elif d.route is Route.COMPOSITE:
             composite.append(row)
     result = ExportResult(program, label, sorted(tried - {op.name() for op in counts}), fallbacks, composite, routes)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        torch.export.save(program, str(out))
+    if out is not None:  # the one safe writer (_safe_io): atomic, the folder must exist
+        from ._safe_io import atomic_writer, write_text
+
+        with atomic_writer(out, call="torch_adapter.export(path=...)") as fh:
+            torch.export.save(program, fh)
         result.path = out
         result.report_path = out.with_suffix(".routing.json")
-        result.report_path.write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+        write_text(result.report_path, json.dumps(result.to_dict(), indent=1) + "\n",
+                   call="torch_adapter.export(path=...): the routing report")
     return result

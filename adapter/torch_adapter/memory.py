@@ -129,8 +129,9 @@ def _host_row() -> dict[str, Any]:
     from .redirect import host_memory as hm
 
     return {"device": "cpu", "allocated": hm.allocated(), "reserved": hm.reserved(),
-            "peak_allocated": hm.peak_allocated(), "peak_reserved": hm.peak_reserved(),
-            "source": "process heap (mallinfo2) / resident set (VmRSS)"}
+            "peak_allocated": hm.peak_allocated() if hm.peak_tracked() else None,  # None: not tracked
+            "peak_reserved": hm.peak_reserved(),
+            "source": "process heap (mallinfo2) / resident set (VmRSS); peaks from the kernel's VmHWM"}
 
 
 def _device_rows(target: Any) -> list[dict[str, Any]]:

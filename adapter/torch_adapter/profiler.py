@@ -118,10 +118,16 @@ class Recording:
         return self._trace
 
     def export(self, path: str | os.PathLike[str]) -> Path:
-        """Write the annotated trace to ``path`` (JSON); returns the path."""
+        """Write the annotated trace to ``path`` (JSON); returns the path.
+
+        Written by the one safe writer (:mod:`torch_adapter._safe_io`): the folder must exist,
+        the file appears whole or not at all, devices/FIFOs/symbolic links are refused."""
+        from ._safe_io import check_output, write_text
+
         out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(self.trace(), allow_nan=False))
+        check_output(out, call=f"torch_adapter.profiler.export({os.fspath(path)!r})")  # before building the trace
+        write_text(out, json.dumps(self.trace(), allow_nan=False),
+                   call=f"torch_adapter.profiler.export({os.fspath(path)!r})")
         return out
 
     def summary(self) -> "StepSummary":

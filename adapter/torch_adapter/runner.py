@@ -6,7 +6,12 @@ module by path in each child) and relative imports behave as under ``python SCRI
 ``sys.argv`` is ``[SCRIPT, *ARGS]`` and ``sys.path[0]`` the script's folder. Child
 processes are adapted through the autoinstall ``.pth`` hook (``propagate=True``).
 Exit codes: the script's own; 1 if it raised (the traceback shows the user's frames,
-not ours); 2 for usage errors (missing script, unknown target).
+not ours; a SyntaxError shows only the user's file); 2 for usage errors (a missing,
+unreadable or binary script, a notebook, an unknown target, an unwritable
+``--report-json``), all checked before the script starts. ``--report-json`` is written by
+the one safe writer (``_safe_io``); ``{rank}`` in its name becomes ``$RANK`` (0 outside
+``torchrun``), so each rank writes its own file — without it, ranks writing one path each
+leave a complete file and the last one wins.
 """
 
 from __future__ import annotations
@@ -41,7 +46,55 @@ def _print_user_traceback(exc: BaseException) -> None:
     tb = exc.__traceback__
     while tb is not None and _is_own(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
+    if tb is None and isinstance(exc, SyntaxError):  # the script did not compile: only its file and line
+        sys.stderr.write("".join(traceback.format_exception_only(type(exc), exc)))
+        return
     traceback.print_exception(type(exc), exc, tb if tb is not None else exc.__traceback__, file=sys.stderr)
+
+
+def report_path(path: str) -> str:
+    """``--report-json`` with ``{rank}`` replaced by this process's rank (``$RANK``, else 0)."""
+    return path.replace("{rank}", os.environ.get("RANK", "0"))
+
+
+def _script_problem(script: str) -> str | None:
+    """Why ``script`` cannot be run as a Python script (a message with the fix), or None."""
+    from .errors import format_error
+
+    def bad(got: str, why: str, fix: str = "check the path") -> str:
+        return format_error("torch-adapter run", "a Python script", got, why=why, fix=fix)
+
+    if script.endswith(".ipynb"):
+        return bad(repr(script), "a notebook is not a script",
+                   "run it in Jupyter with `%load_ext torch_adapter` in its first cell (or execute it with "
+                   "`jupyter nbconvert --to notebook --execute` after adding that line), or convert it with "
+                   "`jupyter nbconvert --to script` and run the .py file")
+    try:
+        st = os.stat(script)
+    except OSError as exc:
+        import errno
+
+        why = {errno.ENOENT: "no such file", errno.ELOOP: "a loop of symbolic links",
+               errno.EACCES: "permission denied on a folder in its path"}.get(exc.errno or 0, exc.strerror)
+        return bad(repr(script), str(why), "check the path, or use `torch-adapter run -m package.module`")
+    import stat
+
+    if stat.S_ISDIR(st.st_mode):
+        return bad(f"{script!r} (a folder)", "torch-adapter run takes one file",
+                   "name the script, or use `torch-adapter run -m package.module` for a package")
+    if not stat.S_ISREG(st.st_mode):
+        return bad(f"{script!r} (not a regular file)", "scripts are read from regular files", "save it to a file")
+    try:
+        with open(script, "rb") as fh:
+            head = fh.read(8192)
+    except OSError as exc:
+        return bad(repr(script), f"it cannot be read ({exc.strerror})", "check its permissions (chmod u+r)")
+    import zipfile
+
+    if b"\0" in head and not script.endswith((".pyc", ".pyz")) and not zipfile.is_zipfile(script):
+        return bad(f"{script!r} (binary data)", "it holds NUL bytes, so it is not Python source",
+                   "give the .py file (compiled .pyc files and zip apps are run too)")
+    return None
 
 
 def run_script(script: str, args: list[str], *, module: bool = False, target: str = "auto",
@@ -51,15 +104,19 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
     from .errors import AdapterError
     from .session import install
 
-    if not module and not os.path.isfile(script):
-        what = "a folder" if os.path.isdir(script) else "no such file"
-        print(f"torch-adapter run: expected a Python script, got {script!r} ({what}).\n"
-              f"Fix: check the path, or use `torch-adapter run -m package.module` for a module.", file=sys.stderr)
+    problem = None if module else _script_problem(script)
+    if problem is not None:
+        print(problem, file=sys.stderr)
         return EXIT_USAGE
     try:
+        if report_json:
+            from ._safe_io import check_output
+
+            report_json = str(check_output(report_path(report_json), call="torch-adapter run --report-json"))
         session = install(target, simulate=simulate, propagate=True, **options)
     except AdapterError as exc:
-        print(f"torch-adapter run: {exc}", file=sys.stderr)
+        msg = str(exc)
+        print(msg if msg.startswith("torch-adapter") else f"torch-adapter run: {msg}", file=sys.stderr)
         return EXIT_USAGE
 
     tracer = None
@@ -71,8 +128,7 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
         log = tracer.__enter__()
     old_argv, old_path0 = sys.argv[:], sys.path[0] if sys.path else None
     sys.argv = [script, *args]
-    if not module:
-        sys.path[0] = os.path.dirname(os.path.abspath(script))
+    sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(script))  # as `python [-m]` does
     code = 0
     try:
         if module:
@@ -106,10 +162,12 @@ def _report(session: Any, log: Any, to_terminal: bool, json_path: str | None) ->
     if json_path:
         payload = log.to_dict() if log is not None else {}
         payload["redirects"] = session.redirect_log.to_json()["entries"]
-        tmp = json_path + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(payload, fh, indent=1)
-        os.replace(tmp, json_path)
+        from ._safe_io import OutputError, write_text
+
+        try:
+            write_text(json_path, json.dumps(payload, indent=1), call="torch-adapter run --report-json")
+        except OutputError as exc:  # the path changed while the script ran: say so, keep its exit code
+            print(exc, file=sys.stderr)
     if to_terminal:
         console = Console(file=sys.stderr, width=None if sys.stderr.isatty() else 140)
         console.print(session.redirect_log.render(f"torch_adapter: redirected to {session.target.label}"))

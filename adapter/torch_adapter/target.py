@@ -182,7 +182,7 @@ def resolve(target: str | Target = "auto", *, simulate: bool = False) -> Target:
                 return t
         raise TargetError("no target is present, not even the CPU")  # pragma: no cover
     if name.endswith(".toml") or (simulate and name not in KNOWN):
-        return _simulated(name)
+        return _simulated(target.strip())  # a path keeps its spelling (Good.toml is not good.toml)
     if name not in KNOWN:
         raise TargetError(format_error(
             "torch_adapter.install(target=...)",

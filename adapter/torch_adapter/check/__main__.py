@@ -1,10 +1,12 @@
 """``python -m torch_adapter.check ...``: the ``check`` command on its own."""
 
-from __future__ import annotations
+from torch_adapter._startup_path import protect
 
-import sys
+protect()  # before anything else is imported: check never imports the scanned project
 
-from .cli import main
+import sys  # noqa: E402
+
+from torch_adapter.check.cli import main  # noqa: E402
 
 __all__: list[str] = []
 

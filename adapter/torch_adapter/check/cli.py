@@ -8,7 +8,10 @@
 * 2 -- usage or I/O errors (bad path or option, unreadable rule file, report not
   writable, ``--run`` produced no routing log).
 
-Only ``--output`` is written (atomically: a temporary file in the same folder, renamed).
+Only ``--output`` is written, through the one safe writer (``_safe_io``: validated before
+the scan, a fresh temporary file in the same folder, renamed; devices, FIFOs, folders and
+symbolic links are refused; the folder must exist). ``check`` never imports or runs the
+scanned project (``--run`` runs the command given, in a child process).
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m torch_adapter.check ...``"""
+    from ..cli import guarded
+
     args = build_parser().parse_args(argv)
-    return run(args)
+    args.command = "check"
+    return guarded(run, args)
 
 
 def _usage(expected: str, got: str, fix: str, why: str = "") -> CheckError:
@@ -94,30 +99,27 @@ def _format_for(args: argparse.Namespace) -> str | None:
             raise _usage("--output FILE with --format", f"--format {args.format} without --output",
                          "add --output report." + args.format)
         return None
-    if Path(args.output).is_dir():
-        raise _usage("--output naming a file", f"{args.output!r} (a folder)", "e.g. --output report.html")
+    from .._safe_io import OutputError, check_output
+
+    try:
+        check_output(args.output, call="torch-adapter check --output")
+    except OutputError as exc:
+        raise CheckError(str(exc)) from None
     fmt = args.format or _FORMATS.get(Path(args.output).suffix.lower())
     if fmt is None:
         raise _usage("--output ending in .html or .json (or --format)", repr(args.output),
                      "e.g. --output report.html")
-    parent = Path(args.output).absolute().parent
-    if not parent.is_dir():
-        raise _usage("--output in an existing folder", repr(args.output), f"create {parent} first")
     return fmt
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and a rename."""
-    target = Path(path).absolute()
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    """Write ``text`` to ``path`` with the one safe writer (:mod:`torch_adapter._safe_io`)."""
+    from .._safe_io import OutputError, write_text
+
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        write_text(path, text, call="torch-adapter check --output")
+    except OutputError as exc:
+        raise CheckError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -195,11 +197,7 @@ def _check(args: argparse.Namespace, console: Any, err: Any) -> int:
             from .html_report import render_html as render
         else:
             from .json_report import render_json as render
-        try:
-            write_atomic(args.output, render(report))
-        except OSError as exc:
-            raise _usage("a writable --output", repr(args.output), "choose another place",
-                         why=exc.strerror or str(exc)) from None
+        write_atomic(args.output, render(report))
     if not args.quiet:
         from .render_terminal import summary_renderables
 

@@ -251,15 +251,18 @@ def rule_from_dict(data: Any, *, source: str = "built-in", order: int = 0) -> Ru
 
 def load_rule_file(path: str | Path) -> list[dict[str, Any]]:
     """The ``[[rule]]`` tables of a user TOML file (validated later by :func:`build_ruleset`)."""
+    from .._safe_io import FileProblem, decode_utf8, read_bounded
+
     p = Path(path)
+    try:  # the exact path; regular files only (a FIFO is refused, not waited on); at most 8 MiB
+        text = decode_utf8(str(path), read_bounded(path))
+    except FileProblem as exc:
+        raise CheckError(format_error("torch-adapter check --rules", "a readable UTF-8 TOML file "
+                                      "(a regular file, at most 8 MiB)", repr(str(path)),
+                                      why=exc.why, fix=exc.fix)) from None
     try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise CheckError(format_error("torch-adapter check --rules", "a readable TOML file", str(p),
-                                      why=exc.strerror or str(exc), fix="check the path")) from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise CheckError(format_error("torch-adapter check --rules", "valid UTF-8 TOML", str(p),
                                       why=str(exc), fix="fix the TOML syntax at the place named")) from None
     rules = data.get("rule")

@@ -7,8 +7,9 @@ torch_adapter.coverage`` runs it on its own (:func:`main`). Exit codes:
 * 1 -- a training step failed on some target (its row says why);
 * 2 -- usage or I/O errors (unknown target or model, bad factory, unwritable output).
 
-``--json``, ``--html`` and ``--markdown`` files are written atomically (a temporary file in
-the same folder, renamed); their folders are checked before anything is measured.
+``--json``, ``--html`` and ``--markdown`` files are written by the one safe writer
+(``_safe_io``: atomic, devices/FIFOs/folders/symbolic links refused, the folder must exist);
+the paths are checked before anything is measured.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from ..errors import AdapterError, UsageError, format_error
@@ -63,36 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, then rename."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, _file_mode(target))  # mkstemp makes it private; give it a normal file's mode
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """Write ``text`` to ``path`` with the one safe writer (:mod:`torch_adapter._safe_io`)."""
+    from .._safe_io import write_text
 
-
-def _file_mode(target: Path) -> int:
-    if target.exists():
-        return target.stat().st_mode & 0o777
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
+    write_text(path, text, call=f"torch-adapter coverage: writing {path}")
 
 
 def _check_output(option: str, path: str | None) -> None:
-    if path is None:
-        return
-    folder = Path(path).parent
-    if Path(path).is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
-        why = "it is a folder" if Path(path).is_dir() else (
-            f"the folder {str(folder)!r} does not exist" if not folder.is_dir() else f"{str(folder)!r} is not writable")
-        raise UsageError(format_error(f"torch-adapter coverage {option} {path}", "a file path in a writable folder",
-                                      repr(path), why=why, fix=f"e.g. {option} ./coverage.{option.lstrip('-')}"))
+    if path is not None:
+        from .._safe_io import check_output
+
+        check_output(path, call=f"torch-adapter coverage {option}")
 
 
 def _list_models() -> int:
@@ -172,17 +152,15 @@ def _write_outputs(args: argparse.Namespace, report: Any, err: Any) -> None:
 
         outputs.append((args.markdown, coverage_page(report)))
     for path, text in outputs:
-        try:
-            write_atomic(path, text)
-        except OSError as exc:
-            raise UsageError(format_error(f"torch-adapter coverage: writing {path}", "a writable file",
-                                          f"{type(exc).__name__}: {exc.strerror or exc}",
-                                          fix="choose another path")) from exc
+        write_atomic(path, text)
         if not args.quiet:
             err.print(f"written: {path}")
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m torch_adapter.coverage [options]``."""
+    from ..cli import guarded
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    args.command = "coverage"
+    return guarded(args.func, args)

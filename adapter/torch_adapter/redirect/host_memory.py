@@ -5,12 +5,20 @@ The CPU has no caching allocator, so CUDA's counters are answered from the proce
 - *allocated*: bytes in use through malloc (glibc ``mallinfo2``: ``uordblks + hblkhd``),
   tensors and everything else the process holds on its heap;
 - *reserved*: the resident set size (``VmRSS``);
-- *peak reserved*: ``VmHWM``, the kernel's high-water mark, reset by
-  ``reset_peak_memory_stats()`` (``/proc/self/clear_refs``);
-- *peak allocated*: the largest *allocated* value seen by any query since the last reset;
+- *peak reserved*: ``VmHWM``, the kernel's high-water mark of the resident set, reset by
+  ``reset_peak_memory_stats()`` (``/proc/self/clear_refs``) and when the adapter is first
+  installed;
+- *peak allocated*: a real peak since the last reset, kept by the kernel at every page the
+  process touches: the heap in use at the reset plus how far the resident set rose above its
+  size at the reset (``VmHWM`` − ``VmRSS`` then), and never below the current value. So a
+  tensor made and freed between two queries counts; memory allocated but never written
+  (``torch.empty`` left untouched) does not, as it takes no RAM. Where the kernel keeps no
+  resettable high-water mark (no ``/proc/self/clear_refs``: off Linux, some sandboxes) the
+  peak is *not tracked*: ``max_memory_allocated()`` raises ``UnsupportedCudaFeature`` saying
+  so, and ``memory_stats()`` has no ``.peak`` keys — never a number that only looks like one;
 - ``empty_cache()`` returns freed heap pages to the system (``malloc_trim``).
 
-Off Linux/glibc these fall back to psutil's RSS. docs/redirect.md has the table.
+Off Linux/glibc the current figures fall back to psutil's RSS. docs/redirect.md has the table.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ __all__ = ["allocated", "reserved", "peak_reserved", "reset_peak", "empty_cache"
            "stats", "summary"]
 
 _lock = threading.Lock()
-_peak_allocated = 0
+_base: tuple[int, int] | None = None  # (allocated, resident) at the last reset; None: peak not tracked
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -67,20 +75,33 @@ def _rss() -> int:
 
 
 def allocated() -> int:
-    global _peak_allocated
     if _LIBC is not None:
         info = _LIBC.mallinfo2()
-        value = int(info.uordblks + info.hblkhd)
-    else:
-        value = _rss()
-    with _lock:
-        _peak_allocated = max(_peak_allocated, value)
-    return value
+        return int(info.uordblks + info.hblkhd)
+    return _rss()
+
+
+def peak_tracked() -> bool:
+    """Is a real peak kept (a resettable kernel high-water mark)?"""
+    return _base is not None
 
 
 def peak_allocated() -> int:
-    allocated()
-    return _peak_allocated
+    """The peak of :func:`allocated` since the last reset (see the module docstring)."""
+    with _lock:
+        base = _base
+    now = allocated()
+    hwm = _proc_status("VmHWM")
+    if base is None or hwm is None:
+        from ..errors import UnsupportedCudaFeature, format_error
+
+        raise UnsupportedCudaFeature(format_error(
+            "torch.cuda.max_memory_allocated() on the CPU target", "a peak kept since the last reset",
+            "no resettable high-water mark on this system (no writable /proc/self/clear_refs)",
+            why="the CPU allocator keeps no peak; torch_adapter reports the kernel's, and would rather say "
+                "it has none than return a number that only looks like a peak",
+            fix="use torch.cuda.memory_allocated() (current) or max_memory_reserved() (peak resident set)"))
+    return max(now, base[0] + max(0, hwm - base[1]))
 
 
 def reserved() -> int:
@@ -93,15 +114,16 @@ def peak_reserved() -> int:
 
 
 def reset_peak() -> None:
-    global _peak_allocated
-    with _lock:
-        _peak_allocated = 0
+    """Start both peaks again from now (the kernel's high-water mark included)."""
+    global _base
     try:
         with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
+            fh.write("5")  # reset VmHWM to the current resident set
+        tracked = _proc_status("VmHWM") is not None
     except OSError:
-        pass
-    allocated()
+        tracked = False
+    with _lock:
+        _base = (allocated(), _rss()) if tracked else None
 
 
 def empty_cache() -> None:
@@ -131,18 +153,23 @@ def total() -> int:
 
 def stats() -> dict[str, Any]:
     """A subset of torch.cuda.memory_stats() keys, filled from the process."""
-    a, pa, r, pr = allocated(), peak_allocated(), reserved(), peak_reserved()
+    a, r, pr = allocated(), reserved(), peak_reserved()
+    pa = peak_allocated() if peak_tracked() else None
     out: dict[str, Any] = {}
     for pool in ("all", "large_pool", "small_pool"):
         scale = 1 if pool == "all" else 0
         out[f"allocated_bytes.{pool}.current"] = a * scale
-        out[f"allocated_bytes.{pool}.peak"] = pa * scale
         out[f"reserved_bytes.{pool}.current"] = r * scale
         out[f"reserved_bytes.{pool}.peak"] = pr * scale
         out[f"active_bytes.{pool}.current"] = a * scale
-        out[f"active_bytes.{pool}.peak"] = pa * scale
+        if pa is not None:  # not tracked: no number that only looks like a peak
+            out[f"allocated_bytes.{pool}.peak"] = pa * scale
+            out[f"active_bytes.{pool}.peak"] = pa * scale
     out.update({"num_alloc_retries": 0, "num_ooms": 0, "num_device_alloc": 0, "num_device_free": 0,
-                "torch_adapter.source": "process heap (mallinfo2) and RSS; see docs/redirect.md"})
+                "torch_adapter.source": "process heap (mallinfo2) and RSS; peak allocated from the kernel's "
+                                        "high-water mark (VmHWM) since the last reset"
+                                        + ("" if pa is not None else " (not tracked here)")
+                                        + "; see docs/redirect.md"})
     return out
 
 
@@ -154,7 +181,8 @@ def summary() -> str:
         "|  torch_adapter: CPU target memory summary (process-wide)".ljust(61) + "|",
         "|" + "-" * 60 + "|",
         f"|  Allocated (heap in use)  current {s['allocated_bytes.all.current'] / mib:10.1f} MiB  "
-        f"peak {s['allocated_bytes.all.peak'] / mib:10.1f} MiB",
+        + (f"peak {s['allocated_bytes.all.peak'] / mib:10.1f} MiB" if "allocated_bytes.all.peak" in s
+           else "peak not tracked"),
         f"|  Reserved  (resident)     current {s['reserved_bytes.all.current'] / mib:10.1f} MiB  "
         f"peak {s['reserved_bytes.all.peak'] / mib:10.1f} MiB",
         "|" + "=" * 60 + "|",
@@ -163,3 +191,6 @@ def summary() -> str:
 
 def pid_info() -> dict[str, Any]:
     return {"pid": os.getpid(), "allocated": allocated(), "reserved": reserved()}
+
+
+reset_peak()  # imported when the adapter is installed: peaks count from then (CUDA: from program start)

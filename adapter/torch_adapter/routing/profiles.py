@@ -172,16 +172,28 @@ def _load_toml(path: str, chain: tuple[str, ...]) -> CapabilityProfile:
     return _load_toml_cached(path, mtime)
 
 
-def _parse_toml(path: str, chain: tuple[str, ...]) -> CapabilityProfile:
+def _read_toml(path: str) -> dict[str, Any]:
+    """The TOML table in ``path``: exact path, regular files only, bounded read; ProfileError otherwise."""
     import tomllib
 
+    from .._safe_io import FileProblem, decode_utf8, read_bounded
+
     try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+        text = decode_utf8(path, read_bounded(path))
+    except FileProblem as exc:
+        raise ProfileError(format_error(
+            f"capability profile {path!r}", "a readable UTF-8 .toml file (a regular file, at most 8 MiB)",
+            repr(path), why=exc.why, fix=exc.fix)) from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(format_error(
             f"capability profile {path!r}", "valid TOML", f"a syntax error: {exc}",
             fix="fix the TOML syntax (strings need quotes; lists use [ ... ])")) from exc
+
+
+def _parse_toml(path: str, chain: tuple[str, ...]) -> CapabilityProfile:
+    data = _read_toml(path)
     unknown = sorted(set(data) - _TOML_KEYS)
     if unknown:
         raise _fail(path, unknown[0], data[unknown[0]], f"only the keys {sorted(_TOML_KEYS)}",
@@ -207,6 +219,7 @@ def _parse_toml(path: str, chain: tuple[str, ...]) -> CapabilityProfile:
     key = data.get("dispatch_key", base.dispatch_key if base else "PrivateUse1")
     if not isinstance(key, str) or not key:
         raise _fail(path, "dispatch_key", key, 'a dispatch key name, e.g. "PrivateUse1"')
+    _check_dispatch_key(path, key)
     description = data.get("description", "")
     if not isinstance(description, str):
         raise _fail(path, "description", description, "a string")
@@ -228,6 +241,20 @@ def _parse_toml(path: str, chain: tuple[str, ...]) -> CapabilityProfile:
     return CapabilityProfile(name=name.strip(), dispatch_key=key, native=frozenset(native), source=path,
                              forced_fallback=frozenset(forced), complete=base.complete if base else True,
                              base=base.name if base else None, description=description)
+
+
+def _check_dispatch_key(path: str, key: str) -> None:
+    """An unknown ``dispatch_key`` is an error (it would silently match no kernel)."""
+    import difflib
+
+    from .._torch_private import backend_dispatch_keys
+
+    keys = backend_dispatch_keys()
+    if key not in keys:
+        close = difflib.get_close_matches(key, keys, n=1)
+        raise _fail(path, "dispatch_key", key, f"a backend dispatch key of this torch ({', '.join(keys)})",
+                    why="the key says whose kernels count as the target's native ones",
+                    fix=f"use {close[0]!r}" if close else 'e.g. dispatch_key = "PrivateUse1"')
 
 
 # -- listing ---------------------------------------------------------------------------------
