@@ -46,10 +46,9 @@ EXPECTED = {"meta empty": "meta", "meta zeros": "meta", "meta arange": "meta", "
 
 @pytest.mark.parametrize("built_before_install", [False, True])
 def test_device_context_works_during_and_after_install(built_before_install):
-    _fresh_constructor_cache()
-    if built_before_install:
-        _device._device_constructors()
     assert _context_devices() == EXPECTED
+    if not built_before_install:
+        _fresh_constructor_cache()
     torch_adapter.install("cpu")
     assert _context_devices() == EXPECTED
     with torch.device("cuda"):
@@ -136,3 +135,25 @@ def test_default_device_int_ordinal():
         assert torch.empty(1).device.type == "cpu"
     finally:
         torch.set_default_device(None)
+
+
+# --- the redirect log names the user's line -------------------------------------------------
+def test_redirect_from_inside_a_library_names_the_users_line_and_the_library_line():
+    from accelerate.utils import send_to_device
+
+    session = torch_adapter.install("cpu")
+    send_to_device(torch.ones(2), "cuda")
+    line = sys._getframe().f_lineno - 1
+    torch.ones(2).cuda()  # line + 2
+    rows = {e.asked: e for e in session.redirect_log.entries()}
+    via = rows["Tensor.to('cuda')"]
+    assert (via.file, via.line) == (__file__, line)
+    assert via.library["file"].endswith("accelerate/utils/operations.py")
+    assert via.as_dict()["library"] == via.library
+    direct = rows["Tensor.cuda()"]
+    assert (direct.line, direct.library) == (line + 2, None)
+    from rich.console import Console
+
+    console = Console(width=300, record=True)
+    console.print(session.redirect_log.render())
+    assert f"test_failure_classes.py:{line} (via accelerate/utils/operations.py:" in console.export_text()
