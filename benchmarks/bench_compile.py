@@ -8,7 +8,7 @@ builds the tiny-SD training step (the ``sd_unet`` workload of ``workloads.py``) 
 
 Compile time is reported apart from step time: the first step after building (which
 compiles the forward and backward graphs) minus a steady step. It depends on inductor's
-cache: on this machine ../shared/FACTS.md measured ~110 s cold and 7–9 s warm for the
+cache: on this machine a development measurement (docs/figures/README.md#compile) found ~110 s cold and 7–9 s warm for the
 tiny-SD step, for a 1.06–1.11× faster step. ``--cold`` points inductor at an empty cache
 folder to measure a first compile. Not run in CI (minutes).
 

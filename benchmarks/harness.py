@@ -26,7 +26,7 @@ load (the spikes are one-sided: a block is only ever slowed down), while adjacen
 the fastest blocks and CPU time swing less; read them together.
 
 :func:`print_table` renders a rich table; :func:`write_json` writes
-``benchmarks/results/NAME.json`` (git-ignored). The CLI helpers give every ``bench_*.py``
+``docs/figures/NAME.json`` (committed: the figures the docs quote; docs/figures/README.md). The CLI helpers give every ``bench_*.py``
 script the same arguments.
 """
 
@@ -62,7 +62,7 @@ __all__ = [
     "run_from_args",
 ]
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "docs" / "figures"
 
 
 @dataclass(frozen=True)
@@ -325,7 +325,7 @@ def print_table(result: BenchResult, console: Any = None) -> None:
 
 
 def write_json(result: BenchResult, directory: str | Path | None = None) -> Path:
-    """Write ``DIRECTORY/NAME.json`` (default ``benchmarks/results/``); returns the path."""
+    """Write ``DIRECTORY/NAME.json`` (default ``docs/figures/``); returns the path."""
     directory = Path(directory) if directory is not None else RESULTS_DIR
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{result.name}.json"
@@ -348,7 +348,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, workloads: Sequence[str],
     parser.add_argument("--order", choices=("abab", "abba"), default="abab", help="interleaving order")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the run")
     parser.add_argument("--json", default=None, metavar="NAME",
-                        help="write benchmarks/results/NAME.json (default NAME: script_workload); "
+                        help="write docs/figures/NAME.json (default NAME: script_workload); "
                              "a path with a folder is used as given")
     parser.add_argument("--configs", default=None, metavar="A,B,...",
                         help="configurations to compare, baseline first (default: all the script has)")

@@ -7,8 +7,19 @@ gradients are compared with ``torch.testing.assert_close`` at its dtype toleranc
 ones OpInfo tests use). A sample whose plain run is not reproducible (random ops) is
 left out of the figure.
 
-The fast subset runs in CI; ``pytest -m full_sweep`` sweeps all of ``op_db`` and writes
-``test-artifacts/routing_opinfo_mps.json`` + ``.md`` with every mismatch and its reason.
+Dtypes: float32, float64, bfloat16 and float16, each where the OpInfo supports it on the
+CPU (an OpInfo with none of them runs in its first dtype); backward where the OpInfo
+supports autograd in that dtype.
+
+Fallbacks: on this CPU host the fallback's kernel is the plain run's kernel, so what a
+fallback sample tests is the engine's copy path — every tensor cloned to "the CPU" and back,
+mutated arguments written back, returned inputs given back as themselves. Each fallback
+sample must show bytes copied (the path ran), and ``test_a_broken_copy_path_is_caught``
+breaks the write-back on purpose and requires the sweep to report mismatches.
+
+The fast subset runs in CI and must match 100 % (the figure docs/routing.md quotes);
+``pytest -m full_sweep`` sweeps all of ``op_db`` and writes ``docs/figures/routing_opinfo_mps.json``
++ ``.md`` (committed; docs/routing.md quotes them) with every mismatch and its reason.
 """
 
 from __future__ import annotations
@@ -25,8 +36,11 @@ import torch
 import torch_adapter
 from torch_adapter.routing.log import RoutingLog
 
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
-GOAL = 0.98
+FIGURES = Path(__file__).resolve().parent.parent / "docs" / "figures"
+GOAL = 1.0  # every compared sample matches (docs/routing.md)
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+# ops whose CPU fallback on mps writes into an argument (an in-place variant, an out= overload)
+WRITING_FALLBACK_OPS = ("nn.functional.rrelu", "linalg.inv")
 
 # Ops whose samples exercise composite or fallback routes on mps (found by the full sweep),
 # cheap enough for CI: decompositions, declined decompositions, CPU fallbacks, in-place.
@@ -110,63 +124,82 @@ def sweep(ops: list[Any], engine: Any, *, max_samples: int | None = None,
     """Run ``ops`` plain and routed; one record per (op, variant, sample)."""
     records: list[dict[str, Any]] = []
     for info in ops:
-        t_op = time.perf_counter()
-        dtype = torch.float32 if torch.float32 in info.supported_dtypes("cpu") else \
-            next(iter(sorted(info.supported_dtypes("cpu"), key=str)), None)
-        if dtype is None:
-            continue
-        grad = bool(info.supports_autograd and dtype.is_floating_point)
-        engine.detach()
-        try:
-            samples = list(info.sample_inputs("cpu", dtype, requires_grad=grad))
-        except Exception as exc:  # noqa: BLE001
-            records.append({"op": info.name, "variant": "-", "sample": -1, "status": "no samples",
-                            "detail": repr(exc)[:200]})
-            engine.refresh()
-            continue
-        samples = samples[:max_samples] if max_samples else samples
-        variants = [("op", info.op, grad)]
-        if info.inplace_variant is not None:
-            variants.append(("inplace", info.inplace_variant, False))
-        for vname, fn, g in variants:
-            for i, sample in enumerate(samples):
-                if time.perf_counter() - t_op > op_budget_s:
-                    records.append({"op": info.name, "variant": vname, "sample": i, "status": "over budget",
-                                    "detail": f"{len(samples) - i} samples not run (op budget {op_budget_s} s)"})
-                    break
-                rec = {"op": info.name, "variant": vname, "sample": i, "dtype": str(dtype), "grad": g}
-                engine.detach()
-                plain, err = _attempt(fn, sample, g)
-                if err is not None:
-                    records.append({**rec, "status": "plain error", "detail": err})
-                    continue
-                engine.refresh()
-                log = RoutingLog("mps", True)
-                engine.add_log(log)
-                try:
-                    routed, rerr = _attempt(fn, sample, g)
-                finally:
-                    engine.remove_log(log)
-                rec["routes"] = sorted({f"{r.op} ({r.route}, {r.via})" for r in log.entries.values()})
-                if rerr is not None:
-                    records.append({**rec, "status": "mismatch", "detail": f"routed run raised {rerr}"})
-                    continue
-                values = info.name not in UNDEFINED_VALUES
-                diff = _same(plain[0], routed[0], values)
-                if diff is None:
-                    gdiff = _same(plain[1], routed[1], values)
-                    diff = f"gradient {gdiff}" if gdiff else None
-                if diff:
-                    engine.detach()
-                    again, _ = _attempt(fn, sample, g)
-                    engine.refresh()
-                    if again is None or _same(plain[0], again[0]) or _same(plain[1], again[1]):
-                        records.append({**rec, "status": "nondeterministic", "detail": diff})
-                        continue
-                    records.append({**rec, "status": "mismatch", "detail": diff})
-                else:
-                    records.append({**rec, "status": "match"})
+        supported = info.supported_dtypes("cpu")
+        dtypes = [d for d in DTYPES if d in supported] or sorted(supported, key=str)[:1]
+        for dtype in dtypes:
+            records += _sweep_one(info, dtype, engine, max_samples, op_budget_s)
+    return records
+
+
+def _fallback_bytes(log: RoutingLog) -> tuple[int, int]:
+    """(fallback calls, bytes they copied) in ``log``."""
+    calls = copied = 0
+    for e in log.entries.values():
+        if str(getattr(e.route, "value", e.route)) == "fallback":
+            calls += e.calls
+            copied += e.bytes_copied
+    return calls, copied
+
+
+def _sweep_one(info: Any, dtype: Any, engine: Any, max_samples: int | None, op_budget_s: float) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    t_op = time.perf_counter()
+    grad = bool(info.supports_autograd and dtype.is_floating_point
+                and dtype in info.supported_backward_dtypes("cpu"))
+    engine.detach()
+    try:
+        samples = list(info.sample_inputs("cpu", dtype, requires_grad=grad))
+    except Exception as exc:  # noqa: BLE001
+        records.append({"op": info.name, "variant": "-", "sample": -1, "dtype": str(dtype),
+                        "status": "no samples", "detail": repr(exc)[:200]})
         engine.refresh()
+        return records
+    samples = samples[:max_samples] if max_samples else samples
+    variants = [("op", info.op, grad)]
+    if info.inplace_variant is not None:
+        variants.append(("inplace", info.inplace_variant, False))
+    for vname, fn, g in variants:
+        for i, sample in enumerate(samples):
+            if time.perf_counter() - t_op > op_budget_s:
+                records.append({"op": info.name, "variant": vname, "sample": i, "status": "over budget",
+                                "detail": f"{len(samples) - i} samples not run (op budget {op_budget_s} s)"})
+                break
+            rec = {"op": info.name, "variant": vname, "sample": i, "dtype": str(dtype), "grad": g,
+                   "input_bytes": sum(t.nbytes for t in _leaves((sample.input, sample.args, sample.kwargs))
+                                      if isinstance(t, torch.Tensor))}
+            engine.detach()
+            plain, err = _attempt(fn, sample, g)
+            if err is not None:
+                records.append({**rec, "status": "plain error", "detail": err})
+                continue
+            engine.refresh()
+            log = RoutingLog("mps", True)
+            engine.add_log(log)
+            try:
+                routed, rerr = _attempt(fn, sample, g)
+            finally:
+                engine.remove_log(log)
+            rec["routes"] = sorted({f"{r.op} ({r.route}, {r.via})" for r in log.entries.values()})
+            rec["fallback_calls"], rec["fallback_bytes"] = _fallback_bytes(log)
+            if rerr is not None:
+                records.append({**rec, "status": "mismatch", "detail": f"routed run raised {rerr}"})
+                continue
+            values = info.name not in UNDEFINED_VALUES
+            diff = _same(plain[0], routed[0], values)
+            if diff is None:
+                gdiff = _same(plain[1], routed[1], values)
+                diff = f"gradient {gdiff}" if gdiff else None
+            if diff:
+                engine.detach()
+                again, _ = _attempt(fn, sample, g)
+                engine.refresh()
+                if again is None or _same(plain[0], again[0]) or _same(plain[1], again[1]):
+                    records.append({**rec, "status": "nondeterministic", "detail": diff})
+                    continue
+                records.append({**rec, "status": "mismatch", "detail": diff})
+            else:
+                records.append({**rec, "status": "match"})
+    engine.refresh()
     return records
 
 
@@ -174,10 +207,16 @@ def figures(records: list[dict[str, Any]]) -> dict[str, Any]:
     counts = Counter(r["status"] for r in records)
     compared = counts["match"] + counts["mismatch"]
     routed = [r for r in records if r["status"] in ("match", "mismatch") and r.get("routes")]
+    fallback = [r for r in routed if r.get("fallback_calls")]
+    by_dtype = Counter(r["dtype"] for r in records if r["status"] in ("match", "mismatch"))
     return {"samples": len(records), "compared": compared, **counts,
             "match_rate": counts["match"] / compared if compared else 0.0,
             "routed_compared": len(routed),
-            "routed_match_rate": (sum(r["status"] == "match" for r in routed) / len(routed)) if routed else 0.0}
+            "routed_match_rate": (sum(r["status"] == "match" for r in routed) / len(routed)) if routed else 0.0,
+            "fallback_compared": len(fallback),
+            # a fallback on inputs that hold data must copy them (empty samples copy nothing)
+            "fallback_without_copies": sum(1 for r in fallback if r["input_bytes"] and not r["fallback_bytes"]),
+            "compared_by_dtype": dict(sorted(by_dtype.items()))}
 
 
 def _op_db() -> list[Any]:
@@ -202,11 +241,25 @@ def mps_engine(op_db):
 def test_fast_opinfo_subset_matches_plain(op_db, mps_engine):
     ops = [o for o in op_db if o.name in FAST_OPS]
     assert len(ops) >= 20
-    records = sweep(ops, mps_engine, max_samples=6, op_budget_s=6.0)
+    records = sweep(ops, mps_engine, max_samples=4, op_budget_s=6.0)
     fig = figures(records)
     bad = [r for r in records if r["status"] == "mismatch"]
     assert fig["routed_compared"] >= 40, fig
+    assert set(fig["compared_by_dtype"]) >= {str(d) for d in DTYPES}, fig
+    assert fig["fallback_compared"] >= 10 and fig["fallback_without_copies"] == 0, fig
     assert fig["match_rate"] >= GOAL, json.dumps(bad, indent=1)[:4000]
+
+
+def test_a_broken_copy_path_is_caught(op_db, mps_engine, monkeypatch):
+    """The sweep can fail: with the fallback's write-back broken, in-place fallbacks mismatch."""
+    from torch_adapter.routing import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "_write_back", lambda orig, moved, nbytes: None)
+    ops = [o for o in op_db if o.name in WRITING_FALLBACK_OPS]
+    assert len(ops) == len(WRITING_FALLBACK_OPS)
+    records = sweep(ops, mps_engine, max_samples=3, op_budget_s=6.0)
+    caught = {r["op"] for r in records if r["status"] == "mismatch" and r.get("fallback_calls")}
+    assert caught == set(WRITING_FALLBACK_OPS), json.dumps(records, indent=1)[:3000]
 
 
 @pytest.mark.full_sweep
@@ -216,13 +269,14 @@ def test_full_opinfo_sweep(op_db, mps_engine):
     records = sweep(op_db, mps_engine, op_budget_s=300.0)
     fig = figures(records)
     fig["seconds"] = round(time.perf_counter() - t0, 1)
-    ARTIFACTS.mkdir(exist_ok=True)
-    (ARTIFACTS / "routing_opinfo_mps.json").write_text(json.dumps({"figures": fig, "records": records}, indent=1))
+    from torch_adapter._safe_io import write_text
+
+    write_text(FIGURES / "routing_opinfo_mps.json", json.dumps({"figures": fig, "records": records}, indent=1))
     lines = [f"# OpInfo sweep under simulated mps (torch {torch.__version__})", "",
              "```", json.dumps(fig, indent=1), "```", "", "## Mismatches", ""]
     for r in records:
         if r["status"] == "mismatch":
             lines.append(f"- `{r['op']}` {r['variant']} sample {r['sample']}: {r['detail']}  \n"
                          f"  routed: {', '.join(r.get('routes', [])) or '(no op routed)'}")
-    (ARTIFACTS / "routing_opinfo_mps.md").write_text("\n".join(lines) + "\n")
+    write_text(FIGURES / "routing_opinfo_mps.md", "\n".join(lines) + "\n")
     assert fig["match_rate"] >= GOAL, fig

@@ -23,7 +23,7 @@ def test_table_follows_structured_delegate_and_defaults_to_composite_implicit():
     assert table["aten::t"].view and not table["aten::t"].mutates
     assert table["aten::add_.Tensor"].mutates and table["aten::add_.Tensor"].tags == ("pointwise",)
     counts = ops_table.count_by_key()
-    # FACTS.md measured these on torch 2.13 (CPU/CUDA +3: add.out's ufunc kernels)
+    # docs/figures/README.md#ops-table: measured on torch 2.13 (CPU/CUDA +3: add.out's ufunc kernels)
     assert counts["MPS"] == 890 and counts["CUDA"] == 1268 and counts["XPU"] == 40
 
 

@@ -77,7 +77,8 @@ TABLE: dict[str, tuple[str, str]] = {
     "list_gpu_processes": (A, "a text naming the CPU target and this process"),
     "memory": (K, "module; its functions answered as below"),
     "memory_allocated": (A, "bytes in use on the heap (mallinfo2)"),
-    "max_memory_allocated": (A, "peak of memory_allocated seen since the last reset"),
+    "max_memory_allocated": (A, "peak since the last reset, from the kernel's high-water mark (VmHWM); "
+                                "raises 'not tracked' where there is none"),
     "memory_reserved": (A, "resident set size"), "max_memory_reserved": (A, "peak RSS (VmHWM)"),
     "memory_cached": (A, "as memory_reserved"), "max_memory_cached": (A, "as max_memory_reserved"),
     "reset_peak_memory_stats": (A, "resets both peaks (clear_refs)"),

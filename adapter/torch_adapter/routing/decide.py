@@ -1,6 +1,6 @@
 """Route decisions: plain data, a pure function of (op, profile, registry, policy).
 
-Order (../shared/FACTS.md measured that it reproduces plain results bit-for-bit):
+Order (measured to reproduce plain results bit-for-bit: docs/figures/README.md#route-order):
 
 1. a kernel registered with ``register_accelerated`` for this target   -> NATIVE
 2. the target's own kernel                                               -> NATIVE

@@ -1,7 +1,7 @@
 """The aten op table from ``native_functions.yaml``, the file that ships inside the torch wheel.
 
 For every aten overload the table says which dispatch keys have a kernel for it. Two rules
-turn the YAML into that answer (see ../shared/FACTS.md):
+turn the YAML into that answer (see docs/figures/README.md#ops-table):
 
 - ``structured_delegate: add.out`` — the functional/in-place variant runs the kernels of
   its ``out=`` delegate, so it has the delegate's backend keys too;
