@@ -116,7 +116,7 @@ _last_log: list[RedirectLog] = []
 
 def redirect_log() -> RedirectLog:
     """The installed session's redirect log (or the last session's, after uninstall)."""
-    from ..session import current
+    from .._state import current
 
     session = current()
     if session is not None:

@@ -180,7 +180,7 @@ def trace(*, use_observer: bool | None = None) -> Iterator[RoutingLog]:
     ``use_observer``: None uses the observer when it is available, False forces the
     recorder mode (slower; call sites for every op, not only for the engine's).
     """
-    from ..session import current
+    from .._state import current
     from ..target import resolve
     from .profiles import profile_for
 
