@@ -52,11 +52,11 @@ class RedirectLog:
             frame = user_frame(depth - 1)  # depth counts from record()'s caller
             code = frame.f_code
             key = (code.co_filename, frame.f_lineno, asked)
-            row = self._rows.get(key)
-            if row is not None:
-                row.count += 1
-                return
-            with self._lock:
+            with self._lock:  # threads redirect too: counts must not lose increments
+                row = self._rows.get(key)
+                if row is not None:
+                    row.count += 1
+                    return
                 self._rows.setdefault(key, RedirectEntry(code.co_filename, frame.f_lineno, code.co_name,
                                                          kind, asked, became, 0)).count += 1
         except Exception:  # the log must never break user code
