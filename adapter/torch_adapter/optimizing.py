@@ -153,15 +153,16 @@ class _Layer:
                 return
             for m in module.modules():
                 self.known.add(m)
-            if hasattr(module, "_orig_mod") or next(module.parameters(), None) is None:
+            params = next(module.parameters(), None) is not None
+            if hasattr(module, "_orig_mod") or not (params or self.plan["fusion"]):
                 return  # compiled by the script (prepare()), or a loss/activation module: left as it is
             try:
-                self._optimize_model(module)
+                self._optimize_model(module, params)
             except Exception as exc:  # instrumentation never breaks user code
                 warnings.warn(f"torch_adapter: the optimization layer could not adapt {type(module).__name__} "
                               f"({type(exc).__name__}: {exc}); it runs as written", OptimizeWarning, stacklevel=3)
 
-    def _optimize_model(self, model: Any) -> None:
+    def _optimize_model(self, model: Any, params: bool = True) -> None:
         import torch
 
         p = self.plan
@@ -170,6 +171,8 @@ class _Layer:
 
             for _ in _fusion.rewrite_attention(model, self._set_forward):
                 pass  # each rewrite is recorded (with its undo and site) by _set_forward
+        if not params:
+            return
         if p["gradient_checkpointing"]:
             self._checkpointing(model)
         for name, sub in model.named_modules():

@@ -109,7 +109,7 @@ def register(module_cls: type, replacement: Any = None, *, _decorating: bool = F
     def apply() -> None:
         module_cls.forward = traced  # type: ignore[method-assign]
 
-    reg = Registration("module", _qualname(module_cls), None, replacement, user_site(3 if _decorating else 2))
+    reg = Registration("module", _qualname(module_cls), None, replacement, user_site(1))
     return registry_of(session).add(reg, undo, apply=apply)  # raises on a duplicate before patching
 
 
