@@ -123,6 +123,10 @@ def test_debug_checks_switched_off_from_another_thread():
     out = _in_thread(debug.disable_nan_check)  # the tool itself may be switched off from anywhere
     assert "error" not in out
     torch.log(torch.tensor([-1.0]))  # the mode left on this thread passes ops through
+    torch_adapter.uninstall()  # the owning thread takes the stale mode off
+    from torch_adapter._torch_private import dispatch_mode_stack
+
+    assert dispatch_mode_stack() == []
 
 
 def test_run_report_counts_ops_on_other_threads(tmp_path, cli):
