@@ -92,8 +92,13 @@ def test_bad_registrations():
         register_fallback(ADD_RELU, 3)
     with pytest.raises(UsageError, match=r"(?s)did you mean aten::nonzero"):
         register_fallback("aten::nonzeroo", lambda x: x)
-    with pytest.raises(UsageError, match=r"device=\.\.\.\): expected a target name such as \"npu\""):
+    with pytest.raises(UsageError, match=r"device=\.\.\.\): expected a target name: cpu, cuda, mps, .*got ''"):
         register_accelerated(ADD_RELU, lambda a, b, alpha=1: a, device="")
+    with pytest.raises(UsageError, match=r"(?s)expected a target name: .*npu.*got 'nup' \(did you mean 'npu'\?\)"):
+        register_accelerated(ADD_RELU, lambda a, b, alpha=1: a, device="nup")
+    with pytest.warns(PolicyWarning, match=r"device='npu'\): the installed target is mps \(simulated on cpu\), so "
+                                           r"this kernel changes no route"):
+        register_accelerated(ADD_RELU, lambda a, b, alpha=1: a, device="npu")
     with pytest.warns(PolicyWarning, match=r"register_fallback\('aten::mm'\): mps has its own MPS kernel"):
         register_fallback("aten::mm", lambda a, b: a @ b)
 

@@ -18,7 +18,7 @@ def decider() -> tuple[Callable[[str], Any], Any, dict[str, Any]]:
     the dispatcher does not know; the session's engine or None; target metadata (JSON-able)."""
     from .routing.decide import decide_name, is_known_op
     from .routing.profiles import profile_for
-    from .session import current
+    from ._state import current
     from .target import resolve
 
     session = current()

@@ -20,6 +20,10 @@ def _state(session: Any) -> dict[str, Any]:
     if state is None:
         state = session.tools = {"memory_server": None}
         session.closers.append(lambda: _stop_server(state))
+        # a suspended session's debug checks come off (the inner session has its own); the
+        # memory server keeps serving: it reports the process, whichever session is active
+        session.suspenders.append((lambda: _debug(session, False, session.config.debug_mode),
+                                   lambda: _debug(session, session.config.debug_mode, False)))
     return state
 
 

@@ -35,6 +35,7 @@ __all__ = ["ToolWarning", "enable", "disable", "enabled", "module_path", "phase"
 _LOCK = threading.RLock()
 _FEATURES: dict[str, Any] = {}
 _MODE: Any = None
+_STALE: list[Any] = []  # modes switched off from another thread: passing through until their thread takes them off
 _HOOKS: list[Any] = []
 _local = threading.local()
 _NAMES: "weakref.WeakKeyDictionary[Any, dict[int, str]]" = weakref.WeakKeyDictionary()
@@ -53,6 +54,8 @@ def _mode_class() -> type:
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
+            if _STALE and any(self is m for m in _STALE):  # switched off from another thread: pass ops through
+                return func(*args, **kwargs)
             features = list(_FEATURES.items())
             states = [_call(name, f.before, func, args, kwargs) for name, f in features]
             out = func(*args, **kwargs)
@@ -84,6 +87,7 @@ def enable(name: str, feature: Any, *, track_modules: bool = True) -> None:
     """Add (or replace) ``feature`` under ``name``; enter the mode if it is not on."""
     global _MODE
     with _LOCK:
+        _drop_stale()
         _FEATURES[name] = feature
         if track_modules:
             _start_tracking()
@@ -96,13 +100,20 @@ def disable(name: str) -> None:
     """Remove the feature ``name`` (no-op if absent); leave the mode when none is left."""
     global _MODE
     with _LOCK:
+        _drop_stale()
         _FEATURES.pop(name, None)
         if _FEATURES:
             return
         _stop_tracking()
         if _MODE is not None:
-            tp.remove_dispatch_mode(_MODE)  # False if entered on another thread: it then passes ops through
-            _MODE = None
+            mode, _MODE = _MODE, None
+            if not tp.remove_dispatch_mode(mode):  # entered on another thread: it passes ops through
+                _STALE.append(mode)  # and comes off when that thread next enables or disables a tool
+
+
+def _drop_stale() -> None:
+    """Take the stale modes entered on this thread off its stack."""
+    _STALE[:] = [m for m in _STALE if not tp.remove_dispatch_mode(m)]
 
 
 def enabled(name: str) -> bool:

@@ -67,7 +67,7 @@ def _check_mode(call: str, mode: Any) -> None:
 def _close_with_session(session: Any = None) -> None:
     """Have ``session`` (default: the installed one) turn the checks off at its uninstall()."""
     if session is None:
-        from .session import current
+        from ._state import current
 
         session = current()
     if session is not None and session not in _CLOSING:
@@ -160,7 +160,7 @@ class _CpuCompare:
         self._engine: Any = None
 
     def _wanted(self, func: Any) -> bool:
-        from .session import current
+        from ._state import current
 
         session = current()
         if session is not self._session:  # installed, uninstalled or replaced: decide again

@@ -103,7 +103,7 @@ def _decomposition(op: Any, decision: Any, defaults: Any) -> Any:
 
 
 def _target_label(target: Any) -> tuple[Any, str]:
-    from .session import current
+    from ._state import current
 
     if target is None:
         session = current()

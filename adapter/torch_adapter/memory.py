@@ -111,7 +111,7 @@ def track(enabled: bool = True, *, min_bytes: int = 1 << 20) -> None:
         _SITES.clear()  # a site is only trusted while tracking: freed memory gets reused
         return
     _tool_mode.enable("memory_tracking", _Tracker(min_bytes))
-    from .session import current
+    from ._state import current
 
     session = current()
     if session is not None and session not in _CLOSING:
@@ -272,7 +272,7 @@ def stats(top: int = 10) -> MemoryReport:
     if isinstance(top, bool) or not isinstance(top, int) or top < 0:
         raise UsageError(format_error("torch_adapter.memory.stats(top=...)", "an int >= 0", f"{top!r}",
                                       fix="e.g. stats(top=10)"))
-    from .session import current
+    from ._state import current
     from .target import resolve
 
     session = current()

@@ -64,7 +64,8 @@ _COMPILE = {"conservative": (False, None), "balanced": (True, None), "aggressive
 
 def plan(optimization_level: str | None = None, memory_strategy: str | None = None) -> Plan:
     """The :class:`Plan` for these options; None takes the installed session's (or the defaults)."""
-    from .session import MEMORY_STRATEGIES, OPTIMIZATION_LEVELS, Config, current
+    from ._state import current
+    from .config import MEMORY_STRATEGIES, OPTIMIZATION_LEVELS, Config
 
     session = current()
     cfg = session.config if session is not None else Config()
@@ -119,7 +120,7 @@ def prepare(model: Any, *, optimization_level: str | None = None, memory_strateg
                       PrepareWarning, stacklevel=2)
     if not p.compile:
         return model
-    from .session import current
+    from ._state import current
 
     session = current()
     if session is not None and session.target.simulated:

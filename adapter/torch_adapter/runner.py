@@ -124,7 +124,7 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
         from .routing.trace import trace
 
         # the recorder (not the sampling-free C++ observer) so that every op has its call site
-        tracer = trace(use_observer=False)
+        tracer = trace(use_observer=False, threads=True)  # the script's threads are counted too
         log = tracer.__enter__()
     old_argv, old_path0 = sys.argv[:], sys.path[0] if sys.path else None
     sys.argv = [script, *args]

@@ -1,70 +1,45 @@
 """The adapter session: install(), uninstall(), adapted(), configure().
 
-One :class:`AdapterSession` at a time holds everything installed: the target, the
-config, the :class:`~torch_adapter.patching.Patcher` with every patch, the redirect log,
-the routing engine (when ops are enforced: simulated targets, fallback policies) and the
-registry of user extensions. ``uninstall()`` closes it and torch is exactly as before.
+One :class:`AdapterSession` is *active* at a time and holds everything installed: the
+target, the config, the :class:`~torch_adapter.patching.Patcher` with every patch, the
+redirect log, the routing engine (when ops are enforced: simulated targets, fallback
+policies), the registry of user extensions and the optimization layer. ``uninstall()``
+closes it and torch is exactly as before.
+
+**The stack.** A nested ``adapted()`` block with other settings, ``%%adapter_compare`` and
+``%adapter target`` *suspend* the active session (its patches, engine kernels, module
+replacements, debug checks and optimizations come off; its config, registrations, policy,
+logs and handle stay) and *resume* it intact afterwards: the same object, active again.
+The current-session state lives in :mod:`torch_adapter._state`, which every layer reads.
+
+**Threads.** The session is process-wide: every thread runs on the active one. A thread
+may share it (``adapted()`` with the same settings yields it; the last block to leave
+closes it), but installing *other* settings while a session installed by another live
+thread is active raises :class:`~torch_adapter.errors.UsageError`: that switch would
+silently move the other thread's ops too.
+
+**Validation first.** Every option, the target and the op names of a policy are checked
+before anything is touched; a failed ``install()`` leaves the previous session working.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import dataclass, field, fields
 from typing import Any, Iterator
 
+from . import _state
+from ._state import current
+from .config import (AMP_POLICIES, COLLECTIVE_BACKENDS, DEBUG_MODES, MEMORY_STRATEGIES,  # noqa: F401 - re-exported
+                     MIXED_PRECISION, OPTIMIZATION_LEVELS, Config, make_config)
 from .errors import UsageError, format_error
 from .patching import Patcher
 from .target import Target, resolve
 
-__all__ = ["AdapterSession", "Config", "install", "uninstall", "adapted", "configure", "current"]
+__all__ = ["AdapterSession", "Config", "install", "uninstall", "adapted", "configure", "current", "suspended",
+           "switch"]
 
-_LOCK = threading.RLock()
-_SESSION: "AdapterSession | None" = None
-
-AMP_POLICIES = ("auto", "float16", "bfloat16", "float32")
-# The tools' options (docs/tools.md). mixed_precision is another spelling of amp_dtype.
-OPTIMIZATION_LEVELS = ("conservative", "balanced", "aggressive")
-MEMORY_STRATEGIES = ("default", "low")
-DEBUG_MODES = (False, True, "raise", "warn", "compare")
-MIXED_PRECISION = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", None: "auto"}
-COLLECTIVE_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "hccl", "xccl")
-
-
-@dataclass
-class Config:
-    """Everything `install()`/`configure()` can set. Each field is documented in docs/."""
-
-    # AMP: what autocast("cuda", dtype) becomes. "auto" keeps float16 where the target
-    # computes it well and uses bfloat16 on the CPU (float16 matmuls there are emulated).
-    amp_dtype: str = "auto"
-    # Fallback policy for ops the target lacks (routing engine): allow | warn | error.
-    fallback: str = "allow"
-    force_cpu: tuple[str, ...] = ()
-    deny: tuple[str, ...] = ()
-    # Child processes (mp.spawn, DataLoader spawn workers, subprocesses) adapted too.
-    propagate: bool = False
-    # Record call sites of redirections (cheap: once per distinct call site).
-    log_redirects: bool = True
-    # The collective backend that "nccl" becomes; None = the target's own.
-    communication_backend: str | None = None
-    # What torch_adapter.prepare(model) does: eager | torch.compile | compile(mode="max-autotune").
-    optimization_level: str = "conservative"
-    # "low": prepare(model) turns on the model's gradient checkpointing.
-    memory_strategy: str = "default"
-    # NaN/Inf check (True/"raise", "warn") and CPU compare ("compare"), torch_adapter.debug.
-    debug_mode: bool | str = False
-    # Serve memory figures to `torch-adapter memory --pid` (or TORCH_ADAPTER_MEMORY_SERVER=1).
-    memory_server: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
-
-    @property
-    def mixed_precision(self) -> str | None:
-        """``amp_dtype`` as ``configure(mixed_precision=...)`` spells it: "fp16", "bf16", "fp32" or None (auto)."""
-        return {v: k for k, v in MIXED_PRECISION.items()}[self.amp_dtype]
+_LOCK = _state.LOCK
 
 
 class AdapterSession:
@@ -80,10 +55,16 @@ class AdapterSession:
         self.routing: Any = None  # routing engine handle, when ops are enforced
         self.registry: Any = None  # user registrations (routing.registry), created on first use
         self.closers: list[Any] = []  # callables run on close, newest first
+        self.suspenders: list[tuple[Any, Any]] = []  # (suspend, resume) pairs of what the session applied
         self.active = False
+        self.suspended = False
+        self.closed = False
+        self.owner = threading.current_thread()  # the thread that installed it
+        self._blocks = 0  # adapted() blocks now inside this session (any thread)
+        self._outer: list[Any] = []  # what adapted() resumes when its last block leaves
 
     def __repr__(self) -> str:
-        state = "installed" if self.active else "closed"
+        state = "installed" if self.active else "suspended" if self.suspended else "closed"
         return f"<AdapterSession target={self.target.label!r} {state}, {len(self.patcher)} patches>"
 
     # -- lifecycle ---------------------------------------------------------------
@@ -93,19 +74,53 @@ class AdapterSession:
 
         try:
             apply_all(self)
-            if self.target.simulated or self.config.fallback != "allow" or self.config.force_cpu or self.config.deny:
+            if self._enforces(self.config):
                 self._attach_routing()
             apply_tools(self, None)
+            self._apply_optimizations(None)
         except BaseException:
             self._close()
             raise
         self.active = True
+
+    def _enforces(self, cfg: Config) -> bool:
+        return bool(self.target.simulated or cfg.fallback != "allow" or cfg.force_cpu or cfg.deny)
+
+    def _apply_optimizations(self, old: Config | None) -> None:
+        from . import optimizing
+
+        optimizing.apply(self, old)
 
     def _attach_routing(self) -> None:
         if self.routing is None:
             from .routing import engine
 
             self.routing = engine.attach(self)
+
+    def _suspend(self) -> None:
+        """Take everything off torch, keep the state: :meth:`_resume` puts it back as it was."""
+        errors: list[BaseException] = []
+        for suspend, _ in reversed(self.suspenders):
+            try:
+                suspend()
+            except BaseException as exc:  # keep suspending; report after
+                errors.append(exc)
+        if self.routing is not None:
+            self.routing.detach()
+        self.patcher.restore()
+        self.active, self.suspended = False, True
+        if errors:
+            raise errors[0]
+
+    def _resume(self) -> None:
+        from .redirect import apply_all
+
+        apply_all(self)
+        if self.routing is not None:
+            self.routing.refresh()
+        for _, resume in self.suspenders:
+            resume()
+        self.active, self.suspended = True, False
 
     def _close(self) -> None:
         errors: list[BaseException] = []
@@ -115,6 +130,13 @@ class AdapterSession:
             except BaseException as exc:  # keep restoring; report after
                 errors.append(exc)
             self.routing = None
+        if not self.suspended:  # a suspended session has taken its changes off already
+            for suspend, _ in reversed(self.suspenders):
+                try:
+                    suspend()
+                except BaseException as exc:
+                    errors.append(exc)
+        self.suspenders.clear()
         while self.closers:
             closer = self.closers.pop()
             try:
@@ -122,7 +144,8 @@ class AdapterSession:
             except BaseException as exc:
                 errors.append(exc)
         self.patcher.restore()
-        self.active = False
+        self.active = self.suspended = False
+        self.closed = True
         if errors:
             raise errors[0]
 
@@ -130,11 +153,14 @@ class AdapterSession:
         return self.target == target and self.config.as_dict() == config.as_dict()
 
     def settings(self) -> dict[str, Any]:
-        """What a child process needs to install the same session (JSON-able)."""
+        """What a child process needs to install the same session (JSON-able). A session
+        simulating a ``.toml`` profile names the file, so it installs again from it."""
         cfg = self.config.as_dict()
-        cfg["force_cpu"] = list(cfg["force_cpu"])
-        cfg["deny"] = list(cfg["deny"])
-        return {"target": self.target.name, "simulate": self.target.simulated, **cfg}
+        for key in ("force_cpu", "deny", "fusion_patterns", "activation_checkpointing"):
+            cfg[key] = list(cfg[key])
+        profile = str(self.target.details.get("profile", "")) if self.target.simulated else ""
+        name = profile if profile.endswith(".toml") else self.target.name
+        return {"target": name, "simulate": self.target.simulated, **cfg}
 
     # -- user-facing -----------------------------------------------------------------
     def uninstall(self) -> None:
@@ -146,79 +172,69 @@ class AdapterSession:
                 "redirects": self.redirect_log.summary()}
 
 
-def _make_config(kwargs: dict[str, Any], base: Config | None = None) -> Config:
-    cfg = Config(**(base.as_dict() if base else {}))
-    names = {f.name for f in fields(Config)} - {"extra"}
-    for key, value in kwargs.items():
-        if key == "mixed_precision":
-            _set_mixed_precision(cfg, value, kwargs)
-            continue
-        if key not in names:
-            raise UsageError(format_error(
-                "torch_adapter.install()/configure()", f"keyword arguments among {sorted(names | {'mixed_precision'})}",
-                repr(key), fix="check the spelling; see help(torch_adapter.install)"))
-        if key in ("force_cpu", "deny"):
-            value = (value,) if isinstance(value, str) else tuple(value or ())
-        setattr(cfg, key, value)
-    if cfg.amp_dtype not in AMP_POLICIES:
-        raise UsageError(format_error(
-            "torch_adapter.install(amp_dtype=...)", f"one of {AMP_POLICIES}", repr(cfg.amp_dtype),
-            why="it decides what autocast('cuda', float16) becomes on the target",
-            fix='e.g. amp_dtype="bfloat16"'))
-    if cfg.fallback not in ("allow", "warn", "error"):
-        raise UsageError(format_error(
-            "torch_adapter.configure(fallback=...)", "'allow', 'warn' or 'error'", repr(cfg.fallback),
-            fix='e.g. configure(fallback="warn")'))
-    _check_tool_options(cfg)
-    return cfg
+def _make_config(kwargs: dict[str, Any], base: Config | None = None) -> Config:  # kept for older callers
+    return make_config(kwargs, base)
 
 
-def _set_mixed_precision(cfg: Config, value: Any, kwargs: dict[str, Any]) -> None:
-    call = "torch_adapter.configure(mixed_precision=...)"
-    if not isinstance(value, (str, type(None))) or value not in MIXED_PRECISION:
-        raise UsageError(format_error(call, "one of 'fp16', 'bf16', 'fp32' or None", f"{value!r}",
-                                      why="it sets the AMP dtype policy (amp_dtype) that autocast('cuda') follows",
-                                      fix='e.g. configure(mixed_precision="bf16")'))
-    dtype = MIXED_PRECISION[value]
-    if "amp_dtype" in kwargs and kwargs["amp_dtype"] != dtype:
-        raise UsageError(format_error(call, f"amp_dtype={dtype!r} or no amp_dtype beside mixed_precision={value!r}",
-                                      f"amp_dtype={kwargs['amp_dtype']!r}", why="both set the one AMP policy",
-                                      fix="pass only one of them"))
-    cfg.amp_dtype = dtype
+def _prepare(target: Any, simulate: Any, options: dict[str, Any], call: str) -> tuple[Target, Config]:
+    """Check everything an install needs — target, options, policy op names — touching nothing."""
+    if not isinstance(simulate, bool):
+        raise UsageError(format_error(f"{call}(simulate=...)", "True or False", f"{simulate!r} ({type(simulate).__name__})",
+                                      fix="e.g. install('mps', simulate=True)"))
+    tgt = resolve(target, simulate=simulate)
+    if "memory_server" not in options:
+        from ._memory_server import env_enabled
+
+        if env_enabled():
+            options = {**options, "memory_server": True}
+    cfg = make_config(options)
+    _check_policy(tgt, cfg)
+    return tgt, cfg
 
 
-def _check_tool_options(cfg: Config) -> None:
-    """The tools' options: each must be one of its documented values (docs/tools.md)."""
-    choices: dict[str, tuple[Any, ...]] = {"optimization_level": OPTIMIZATION_LEVELS,
-                                           "memory_strategy": MEMORY_STRATEGIES, "debug_mode": DEBUG_MODES,
-                                           "memory_server": (False, True)}
-    for key, valid in choices.items():
-        value = getattr(cfg, key)
-        if not any(type(value) is type(v) and value == v for v in valid):
-            raise UsageError(format_error(
-                f"torch_adapter.configure({key}=...)", f"one of {', '.join(map(repr, valid))}",
-                f"{value!r} ({type(value).__name__})", fix=f"e.g. configure({key}={valid[1]!r}); see docs/tools.md"))
-    backend = cfg.communication_backend
-    if backend is not None:
-        valid_backends = _collective_backends()
-        if not isinstance(backend, str) or backend.lower() not in valid_backends:
-            raise UsageError(format_error(
-                "torch_adapter.configure(communication_backend=...)", f"None or one of {', '.join(valid_backends)}",
-                f"{backend!r}", why='it replaces "nccl" in init_process_group / new_group',
-                fix='e.g. configure(communication_backend="gloo")'))
-        cfg.communication_backend = backend.lower()
+def _check_policy(tgt: Target, cfg: Config) -> None:
+    if cfg.force_cpu or cfg.deny:  # unknown op names fail here, before anything changes
+        from .routing.policy import make_policy
+        from .routing.profiles import profile_for
+
+        make_policy(cfg, profile_for(tgt))
 
 
-def _collective_backends() -> list[str]:
-    names = set(COLLECTIVE_BACKENDS)
+def _check_thread(call: str, tgt: Target, cfg: Config) -> None:
+    """Other settings from a thread that did not install the active session: an error."""
+    session = current()
+    if session is None or session.same_as(tgt, cfg):
+        return
+    owner, me = session.owner, threading.current_thread()
+    if owner is me or not owner.is_alive():
+        return
+    raise UsageError(format_error(
+        call, f"the active session's settings (target {session.target.label!r}), or a call from the thread "
+              f"that installed it ({owner.name!r})",
+        f"target {tgt.label!r}{'' if tgt == session.target else ''} with other settings, from thread {me.name!r}",
+        why="the adapter's session is process-wide: switching it here would silently move the other thread's ops "
+            "to these settings too",
+        fix="use the same settings in every thread (adapted() then shares the session), or install once before "
+            "starting the threads"))
+
+
+def _open_new(tgt: Target, cfg: Config) -> AdapterSession:
+    """Suspend the active session, open a new one; on failure resume the old one and raise.
+    Returns the new session, active; the old one stays suspended (the caller closes or keeps it)."""
+    previous = current()
+    if previous is not None:
+        previous._suspend()
+        _state.set_current(None)
+    session = AdapterSession(tgt, cfg)
     try:
-        import torch.distributed as dist
-
-        names |= {str(b).lower() for b in getattr(dist.Backend, "backend_list", [])}
-    except ImportError:  # a torch built without distributed
-        pass
-    names.discard("undefined")
-    return sorted(names)
+        session._open()
+    except BaseException:
+        if previous is not None:
+            previous._resume()
+            _state.set_current(previous)
+        raise
+    _state.set_current(session)
+    return session
 
 
 def install(target: str | Target = "auto", *, simulate: bool = False, **options: Any) -> AdapterSession:
@@ -229,63 +245,144 @@ def install(target: str | Target = "auto", *, simulate: bool = False, **options:
     Options: ``amp_dtype`` ("auto" | "float16" | "bfloat16" | "float32"; or
     ``mixed_precision`` "fp16" | "bf16" | "fp32" | None), ``fallback`` ("allow" | "warn" |
     "error"), ``force_cpu``, ``deny``, ``propagate`` (adapt child processes too),
-    ``communication_backend``, ``log_redirects``, and for the tools (docs/tools.md)
-    ``optimization_level`` ("conservative" | "balanced" | "aggressive"), ``memory_strategy``
-    ("default" | "low"), ``debug_mode`` (False | True | "raise" | "warn" | "compare") and
-    ``memory_server`` (also on with TORCH_ADAPTER_MEMORY_SERVER=1).
+    ``communication_backend``, ``log_redirects``, the optimization layer (docs/tools.md):
+    ``optimization_level`` ("conservative" | "balanced" | "aggressive"), ``fusion_patterns``,
+    ``memory_strategy`` ("default" | "reuse" | "aggressive" | "low"), ``gradient_checkpointing``,
+    ``activation_checkpointing``, ``communication_bucket_size``; and for the tools
+    ``debug_mode`` (False | True | "raise" | "warn" | "compare") and ``memory_server``.
 
     Installing again with the same settings returns the same session; with other settings
-    the old session is closed first. ``uninstall()`` restores torch exactly.
+    the old session is closed (after the new one opened: a failing install leaves the old
+    one working). ``uninstall()`` restores torch exactly.
     """
-    global _SESSION
     with _LOCK:
-        tgt = resolve(target, simulate=simulate)
-        if "memory_server" not in options:
-            from ._memory_server import env_enabled
-
-            if env_enabled():
-                options = {**options, "memory_server": True}
-        cfg = _make_config(options)
-        if _SESSION is not None:
-            if _SESSION.same_as(tgt, cfg):
-                return _SESSION
-            uninstall()
-        session = AdapterSession(tgt, cfg)
-        session._open()
-        _SESSION = session
+        tgt, cfg = _prepare(target, simulate, options, "torch_adapter.install")
+        previous = current()
+        if previous is not None and previous.same_as(tgt, cfg):
+            return previous
+        _check_thread("torch_adapter.install()", tgt, cfg)
+        session = _open_new(tgt, cfg)
+        if previous is not None:
+            _retire(previous, session)
         return session
 
 
+def _retire(previous: AdapterSession, successor: AdapterSession) -> None:
+    """``previous`` was replaced by ``install()``: close it. (An adapted() block it was made
+    for still resumes its outer session at its end, closing the successor.)"""
+    previous._close()
+
+
 def uninstall() -> None:
-    """Remove every patch and hook; torch is as it was before install(). Safe to call twice."""
-    global _SESSION
+    """Remove every patch and hook; torch is as it was before install(). Safe to call twice.
+
+    Closes the active session; sessions suspended by ``%adapter target`` switches are closed
+    too, those an open ``adapted()`` block or comparison suspended are resumed when it ends."""
     with _LOCK:
-        session, _SESSION = _SESSION, None
+        session = current()
+        _state.set_current(None)
+        try:
+            if session is not None:
+                session._close()
+        finally:
+            while _state.STACK and _state.STACK[-1][1] == "switch":
+                _state.STACK.pop()[0]._close()
+
+
+def _push(session: AdapterSession | None, why: str) -> None:
+    if session is not None:
+        _state.STACK.append((session, why))
+
+
+def _resume(session: AdapterSession | None) -> None:
+    """Close the session now active (the block's), then make ``session`` active again."""
+    active = current()
+    _state.set_current(None)
+    try:
+        if active is not None and active is not session:
+            active._close()
+    finally:
         if session is not None:
-            session._close()
-
-
-def current() -> AdapterSession | None:
-    """The installed session, or None."""
-    return _SESSION
+            _state.STACK[:] = [e for e in _state.STACK if e[0] is not session]
+            if not session.closed:
+                if session.suspended:
+                    session._resume()
+                _state.set_current(session)
 
 
 @contextlib.contextmanager
 def adapted(target: str | Target = "auto", *, simulate: bool = False, **options: Any) -> Iterator[AdapterSession]:
     """``with adapted(target="cpu"):`` — installed inside the block, restored after.
 
-    If a session was installed before the block, it is put back afterwards.
+    With a session installed before the block and other settings, that session is
+    suspended for the block and resumed intact afterwards (its registrations, policy,
+    options, logs; the same object). With the same settings the block shares it. Blocks on
+    several threads may share one session; other settings from another thread raise.
     """
-    previous = _SESSION
-    prev_settings = previous.settings() if previous is not None else None
-    session = install(target, simulate=simulate, **options)
+    with _LOCK:
+        tgt, cfg = _prepare(target, simulate, options, "torch_adapter.adapted")
+        outer = current()
+        if outer is not None and outer.same_as(tgt, cfg):
+            session = outer
+        else:
+            _check_thread("torch_adapter.adapted()", tgt, cfg)
+            _push(outer, "block")
+            try:
+                session = _open_new(tgt, cfg)
+            except BaseException:
+                _state.STACK[:] = [e for e in _state.STACK if e[0] is not outer]
+                raise
+            session._outer = [outer]
+        session._blocks += 1
     try:
         yield session
     finally:
-        if session is not previous:
-            uninstall()
-            if prev_settings is not None:
-                install(**prev_settings)
+        with _LOCK:
+            session._blocks -= 1
+            if session._blocks == 0 and session._outer:  # the last block out resumes the outer one
+                (outer,), session._outer = session._outer, []
+                _resume(outer)
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[AdapterSession | None]:
+    """Suspend the active session for the block (yielded; None if none); whatever the block
+    installs is closed at its end and the session resumed intact. ``%%adapter_compare`` uses it."""
+    with _LOCK:
+        outer = current()
+        if outer is not None:
+            outer._suspend()
+            _state.set_current(None)
+            _push(outer, "block")
+    try:
+        yield outer
+    finally:
+        with _LOCK:
+            _resume(outer)
+
+
+def switch(target: str | Target = "auto", *, simulate: bool = False) -> AdapterSession:
+    """``%adapter target NAME``: make ``target`` the active one, keeping the session's options.
+
+    The session active before is suspended, not closed; switching back to its target
+    resumes it intact (registrations and policy included). ``uninstall()`` closes them all."""
+    with _LOCK:
+        active = current()
+        options = active.config.as_dict() if active is not None else {}
+        tgt, cfg = _prepare(target, simulate, options, "torch_adapter.switch")
+        if active is not None and active.target == tgt:
+            return active
+        back = next((s for s, why in reversed(_state.STACK) if why == "switch" and s.target == tgt), None)
+        if back is not None:
+            _resume(back)
+            return back
+        _check_thread("%adapter target", tgt, cfg)
+        _push(active, "switch")
+        try:
+            return _open_new(tgt, cfg)
+        except BaseException:
+            _state.STACK[:] = [e for e in _state.STACK if e[0] is not active]
+            raise
 
 
 def configure(**options: Any) -> Config:
@@ -293,27 +390,26 @@ def configure(**options: Any) -> Config:
 
     Accepts the same options as :func:`install`. Routing options (``fallback``,
     ``force_cpu``, ``deny``) take effect for the next op; ``debug_mode`` and
-    ``memory_server`` at once; ``optimization_level``/``memory_strategy`` for the next
-    ``torch_adapter.prepare(model)``. An invalid value raises UsageError listing the valid ones.
+    ``memory_server`` at once; the optimization layer's for the models and optimizers the
+    script uses next (docs/tools.md). Every value is checked first: an invalid one raises
+    UsageError listing the valid ones and the session stays as it was.
     """
     with _LOCK:
-        session = _SESSION
+        session = current()
         if session is None:
             raise UsageError(format_error(
                 "torch_adapter.configure()", "an installed adapter", "none installed",
                 fix="call torch_adapter.install() first, or use install(..., fallback=...)"))
-        cfg = _make_config(options, base=session.config)
-        if cfg.force_cpu or cfg.deny:  # unknown op names fail here, before anything changes
-            from .routing.policy import make_policy
-            from .routing.profiles import profile_for
-
-            make_policy(cfg, profile_for(session.target))
+        cfg = make_config(options, base=session.config)
+        _check_policy(session.target, cfg)
+        _check_thread("torch_adapter.configure()", session.target, cfg)
         old, session.config = session.config, cfg
-        if cfg.fallback != "allow" or cfg.force_cpu or cfg.deny or session.target.simulated:
+        if session._enforces(cfg):
             session._attach_routing()
         if session.routing is not None:
             session.routing.reconfigure(cfg)
         from ._session_tools import apply as apply_tools
 
         apply_tools(session, old)
+        session._apply_optimizations(old)
         return session.config

@@ -43,10 +43,9 @@ def configuration(name: str, base_target: str = "auto") -> Iterator[None]:
 def compare(fn: Callable[[], Any], configs: list[str], *, n: int = 5, warmup: int = 1,
             router: Any = None) -> dict[str, Any]:
     """Time ``fn`` under each configuration; ``kept`` is relative to the first that ran."""
-    from ..session import current, install, uninstall
+    from ..session import current, suspended
 
     previous = current()
-    settings = previous.settings() if previous is not None else None
     base_target = "auto" if previous is None or previous.target.simulated else previous.target.name
     observing = getattr(router, "observing", None)
     if router is not None:
@@ -54,6 +53,26 @@ def compare(fn: Callable[[], Any], configs: list[str], *, n: int = 5, warmup: in
         router._stop()
     runs: dict[str, list[float]] = {c: [] for c in configs}
     errors: dict[str, str | None] = dict.fromkeys(configs)
+    try:
+        with suspended():  # the user's session is resumed intact afterwards (registrations, policy, logs)
+            _interleave(fn, configs, base_target, runs, errors, n, warmup)
+    finally:
+        if router is not None and observing is not None:
+            router.observing = observing
+    baseline = next((statistics.median(runs[c]) for c in configs if runs[c]), None)
+    out: dict[str, Any] = {}
+    for c in configs:
+        med = statistics.median(runs[c]) if runs[c] else None
+        out[c] = {"runs_s": runs[c], "median_s": med, "error": errors[c],
+                  "kept": (baseline / med) if (med and baseline) else None,
+                  "spread": (max(runs[c]) - min(runs[c])) / med if med and len(runs[c]) > 1 else 0.0}
+    return out
+
+
+def _interleave(fn: Callable[[], Any], configs: list[str], base_target: str, runs: dict[str, list[float]],
+                errors: dict[str, str | None], n: int, warmup: int) -> None:
+    from ..session import uninstall
+
     try:
         for rep in range(warmup + n):
             for name in configs:
@@ -70,16 +89,4 @@ def compare(fn: Callable[[], Any], configs: list[str], *, n: int = 5, warmup: in
                 if rep >= warmup:
                     runs[name].append(elapsed)
     finally:
-        uninstall()
-        if settings is not None:
-            install(**settings)
-        if router is not None and observing is not None:
-            router.observing = observing
-    baseline = next((statistics.median(runs[c]) for c in configs if runs[c]), None)
-    out: dict[str, Any] = {}
-    for c in configs:
-        med = statistics.median(runs[c]) if runs[c] else None
-        out[c] = {"runs_s": runs[c], "median_s": med, "error": errors[c],
-                  "kept": (baseline / med) if (med and baseline) else None,
-                  "spread": (max(runs[c]) - min(runs[c])) / med if med and len(runs[c]) > 1 else 0.0}
-    return out
+        uninstall()  # the last configuration's session

@@ -66,11 +66,15 @@ class AdapterMagics(Magics):
         if args.action == "target":
             if not args.value:
                 raise UsageError("%adapter target: expected a target name, e.g. `%adapter target mps --simulate`")
-            self.router.target, self.router.simulate = args.value, args.simulate
-            try:
-                session = self.router.install()
+            from ..session import switch
+
+            try:  # the session before is suspended, not closed: `%adapter target` back to it resumes it
+                session = switch(args.value, simulate=args.simulate)
             except AdapterError as exc:
                 raise UsageError(str(exc)) from None
+            self.router.target, self.router.simulate = args.value, args.simulate
+            self.router.session_log.target = session.target.name  # the router's log follows the target
+            self.router.session_log.simulated = session.target.simulated
             return f"torch_adapter: target {session.target.label}"
         if args.action == "policy":
             if args.value not in ("allow", "warn", "error"):

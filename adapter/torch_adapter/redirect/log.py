@@ -61,12 +61,12 @@ class RedirectLog:
             code = frame.f_code
             lib_at = (lib.f_code.co_filename, lib.f_lineno) if lib is not None else None
             key = (code.co_filename, frame.f_lineno, asked, lib_at)
-            row = self._rows.get(key)
-            if row is not None:
-                row.count += 1
-                return
-            library = None if lib is None else {"file": lib_at[0], "line": lib_at[1], "function": lib.f_code.co_name}
-            with self._lock:
+            with self._lock:  # threads redirect too: counts must not lose increments
+                row = self._rows.get(key)
+                if row is not None:
+                    row.count += 1
+                    return
+                library = None if lib is None else {"file": lib_at[0], "line": lib_at[1], "function": lib.f_code.co_name}
                 self._rows.setdefault(key, RedirectEntry(code.co_filename, frame.f_lineno, code.co_name,
                                                          kind, asked, became, 0, library)).count += 1
         except Exception:  # the log must never break user code
@@ -138,7 +138,7 @@ _last_log: list[RedirectLog] = []
 
 def redirect_log() -> RedirectLog:
     """The installed session's redirect log (or the last session's, after uninstall)."""
-    from ..session import current
+    from .._state import current
 
     session = current()
     if session is not None:

@@ -232,7 +232,7 @@ def clear_caches() -> None:
 # -- explain ---------------------------------------------------------------------------------
 def _profile_of(target: Any) -> tuple[Any, Any, Any]:
     """(profile, registry, policy) for explain()'s ``target`` argument."""
-    from ..session import current
+    from .._state import current
     from ..target import Target, _detect_one, KNOWN
     from . import profiles
 

@@ -85,6 +85,7 @@ class Engine:
         self._config: Any = None  # the last config applied
         self.overrides: dict[str, RouteDecision] = {}
         self._libs: dict[str, Any] = {}
+        self._originals: dict[str, Any] = {}  # op -> the host kernel our override replaced
         self._lock = threading.RLock()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -144,10 +145,19 @@ class Engine:
         return False
 
     def _install(self) -> None:
-        for lib in self._libs.values():
-            lib._destroy()
-        self._libs.clear()
-        self.overrides = {}
+        """(Re)register the overrides. The new kernels go on top of the old ones before those
+        are destroyed, so an op running on another thread meanwhile always meets one of
+        them (never a gap where it would run unrouted)."""
+        old_libs, self._libs = self._libs, {}
+        try:
+            overrides = self._register_overrides()
+        finally:
+            for lib in old_libs.values():
+                lib._destroy()
+        self.overrides = overrides
+
+    def _register_overrides(self) -> dict[str, RouteDecision]:
+        overrides: dict[str, RouteDecision] = {}
         snap = self._registry()
         for name in sorted(self._candidates()):
             d = decide_name(name, self.profile, snap, self.policy)
@@ -157,11 +167,14 @@ class Engine:
                 op = tp.resolve_op(name)
             except AttributeError:  # in the YAML but not built into this torch
                 continue
-            original = tp.host_kernel(name, self.key)
+            if name not in self._originals:  # fetched before our first kernel for it sits on top
+                self._originals[name] = tp.host_kernel(name, self.key)
+            original = self._originals[name]
             ns = name.partition("::")[0]
             lib = self._libs.get(ns) or self._libs.setdefault(ns, tp.kernel_library(ns))
             tp.register_python_kernel(lib, name, self._kernel(d, op, original), self.key)
-            self.overrides[name] = d
+            overrides[name] = d
+        return overrides
 
     # -- execution ---------------------------------------------------------------------------
     def _kernel(self, d: RouteDecision, op: Any, original: Any) -> Callable[..., Any]:

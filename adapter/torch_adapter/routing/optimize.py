@@ -72,15 +72,24 @@ def _traced(cls: type, forward: Callable[..., Any], label: str) -> Callable[...,
     return wrapper
 
 
-def register(module_cls: type, replacement: Any) -> Handle:
-    """Replace ``module_cls.forward`` with ``replacement`` while the adapter is installed."""
+def register(module_cls: type, replacement: Any = None, *, _decorating: bool = False) -> Any:
+    """Replace ``module_cls.forward`` with ``replacement`` while the adapter is installed.
+
+    Also a decorator: ``@optimize.register(torch.nn.LayerNorm)`` above the replacement
+    function (or class) registers it and leaves the name bound to the handle."""
     import torch
 
+    if replacement is None and not _decorating:
+        _session(f"torch_adapter.optimize.register({getattr(module_cls, '__name__', module_cls)!r})")
+        _module_class(module_cls)
+
+        def decorate(fn: Any) -> Handle:
+            return register(module_cls, fn, _decorating=True)
+
+        return decorate
+
     call = f"torch_adapter.optimize.register({getattr(module_cls, '__name__', module_cls)!r}, ...)"
-    if not (isinstance(module_cls, type) and issubclass(module_cls, torch.nn.Module)):
-        raise RegistrationError(format_error(
-            call, "an nn.Module subclass, e.g. torch.nn.LayerNorm", f"{module_cls!r} ({type(module_cls).__name__})",
-            fix="pass the class itself: optimize.register(torch.nn.LayerNorm, my_forward)"))
+    _module_class(module_cls)
     session = _session(call)
     forward = _forward_of(replacement, call)
     label = getattr(replacement, "__qualname__", repr(replacement))
@@ -95,15 +104,29 @@ def register(module_cls: type, replacement: Any) -> Handle:
 
     from .log import user_site
 
-    reg = Registration("module", _qualname(module_cls), None, replacement, user_site(2))
-    handle = registry_of(session).add(reg, undo)  # raises on a duplicate before patching
-    module_cls.forward = _traced(module_cls, forward, label)  # type: ignore[method-assign]
-    return handle
+    traced = _traced(module_cls, forward, label)
+
+    def apply() -> None:
+        module_cls.forward = traced  # type: ignore[method-assign]
+
+    reg = Registration("module", _qualname(module_cls), None, replacement, user_site(1))
+    return registry_of(session).add(reg, undo, apply=apply)  # raises on a duplicate before patching
+
+
+def _module_class(module_cls: Any) -> None:
+    import torch
+
+    if not (isinstance(module_cls, type) and issubclass(module_cls, torch.nn.Module)):
+        raise RegistrationError(format_error(
+            f"torch_adapter.optimize.register({module_cls!r})", "an nn.Module subclass, e.g. torch.nn.LayerNorm",
+            f"{module_cls!r} ({type(module_cls).__name__})",
+            fix="pass the class itself: optimize.register(torch.nn.LayerNorm, my_forward), or as a decorator "
+                "@optimize.register(torch.nn.LayerNorm)"))
 
 
 def registered() -> list[str]:
     """Qualified names of the module classes replaced in the installed session."""
-    from ..session import current
+    from .._state import current
 
     session = current()
     reg = registry_of(session, create=False) if session is not None else None

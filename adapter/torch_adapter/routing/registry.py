@@ -15,6 +15,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .._state import current
 from ..errors import RegistrationError, UsageError, format_error
 
 __all__ = ["Registry", "RegistrySnapshot", "Registration", "Handle", "registry_of",
@@ -41,10 +42,12 @@ class Registration:
 class Handle:
     """What a register call returns: callable like the registered function, ``.remove()``-able."""
 
-    def __init__(self, registry: "Registry", reg: Registration, undo: Callable[[], None] | None = None) -> None:
+    def __init__(self, registry: "Registry", reg: Registration, undo: Callable[[], None] | None = None,
+                 apply: Callable[[], None] | None = None) -> None:
         self._registry = registry
         self.registration = reg
         self._undo = undo
+        self._apply = apply  # re-applies the patch when a suspended session resumes
         self.removed = False
         self.__doc__ = getattr(reg.fn, "__doc__", None)
         self.__wrapped__ = reg.fn
@@ -72,6 +75,7 @@ class Registry:
         self._handles: dict[tuple[str, str, str | None], Handle] = {}
         self._lock = threading.RLock()
         self._snapshot: RegistrySnapshot | None = None
+        self.suspended = False  # the session is suspended: patches are off, entries kept
 
     def __len__(self) -> int:
         return len(self._handles)
@@ -94,7 +98,10 @@ class Registry:
         handle = self._handles.get((kind, op, device))
         return handle.registration.fn if handle is not None else None
 
-    def add(self, reg: Registration, undo: Callable[[], None] | None = None, *, sync: bool = True) -> Handle:
+    def add(self, reg: Registration, undo: Callable[[], None] | None = None, *, sync: bool = True,
+            apply: Callable[[], None] | None = None) -> Handle:
+        """Add ``reg`` (a duplicate raises before anything changes); ``apply`` patches now
+        and again on resume, ``undo`` reverts it on remove, suspend and close."""
         key = (reg.kind, reg.op, reg.device)
         with self._lock:
             if key in self._handles:
@@ -105,9 +112,11 @@ class Registry:
                     "one registration per op", f"a second one (the first is {old.fn!r}{where})",
                     why="two implementations of one op would make its route ambiguous",
                     fix="call .remove() on the first handle, then register again"))
-            handle = Handle(self, reg, undo)
+            handle = Handle(self, reg, undo, apply)
             self._handles[key] = handle
             self._snapshot = None
+        if apply is not None:
+            apply()
         if sync:
             self._sync()
         return handle
@@ -118,7 +127,7 @@ class Registry:
             if self._handles.get((reg.kind, reg.op, reg.device)) is handle:
                 del self._handles[(reg.kind, reg.op, reg.device)]
                 self._snapshot = None
-        if handle._undo is not None:
+        if handle._undo is not None and not self.suspended:
             handle._undo()
         self._sync()
 
@@ -132,6 +141,24 @@ class Registry:
         elif session.routing is not None:
             session.routing.refresh()
 
+    def suspend(self) -> None:
+        """Take the patches off (the session is suspended); entries and handles stay."""
+        with self._lock:
+            handles = list(self._handles.values())
+            self.suspended = True
+        for handle in reversed(handles):
+            if handle._undo is not None:
+                handle._undo()
+
+    def resume(self) -> None:
+        """Put the patches back as they were (the session resumes)."""
+        with self._lock:
+            handles = list(self._handles.values())
+            self.suspended = False
+        for handle in handles:
+            if handle._apply is not None:
+                handle._apply()
+
     def close(self) -> None:
         """Remove everything (run by the session on uninstall)."""
         with self._lock:
@@ -141,7 +168,7 @@ class Registry:
             with self._lock:
                 self._handles.pop((handle.registration.kind, handle.registration.op, handle.registration.device), None)
                 self._snapshot = None
-            if handle._undo is not None:
+            if handle._undo is not None and not self.suspended:
                 handle._undo()
 
 
@@ -152,12 +179,11 @@ def registry_of(session: Any, *, create: bool = True) -> Registry | None:
         reg = Registry(session)
         session.registry = reg
         session.closers.append(reg.close)
+        session.suspenders.append((reg.suspend, reg.resume))
     return reg
 
 
 def _session(call: str) -> Any:
-    from ..session import current
-
     session = current()
     if session is None:
         raise UsageError(format_error(
@@ -213,9 +239,36 @@ def register_fallback(op: Any, fn: Callable[..., Any] | None = None) -> Any:
 
 def register_accelerated(op: Any, fn: Callable[..., Any] | None = None, *, device: str) -> Any:
     """Register a kernel of ``op`` for one target (``device="npu"``): its calls route as
-    ``native`` there. Decorator or call, like :func:`register_fallback`."""
-    if not isinstance(device, str) or not device:
-        raise UsageError(format_error(f"torch_adapter.register_accelerated({op!r}, device=...)",
-                                      'a target name such as "npu" or "mps"', repr(device),
-                                      fix='e.g. register_accelerated("aten::nonzero", device="npu")'))
-    return _register("accelerated", op, fn, device.lower())
+    ``native`` there. Decorator or call, like :func:`register_fallback`. ``device`` must name
+    a target torch_adapter knows (a typo is an error); one that is not the installed target
+    warns, since the registration then changes no route."""
+    known = _device_names()
+    call = f"torch_adapter.register_accelerated({op!r}, device=...)"
+    name = device.strip().lower() if isinstance(device, str) else None
+    if name not in known:
+        import difflib
+
+        close = difflib.get_close_matches(name or "", sorted(known), n=1)
+        raise UsageError(format_error(call, f"a target name: {', '.join(sorted(known))}",
+                                      f"{device!r}" + (f" (did you mean {close[0]!r}?)" if close else ""),
+                                      why="the kernel is used when the session's target is that device",
+                                      fix=f'e.g. register_accelerated({op!r}, device="{close[0] if close else "npu"}")'))
+    session = current()
+    if session is not None and name != session.target.name:
+        from .policy import PolicyWarning
+
+        warnings.warn(f"register_accelerated({op!r}, device={name!r}): the installed target is "
+                      f"{session.target.label}, so this kernel changes no route in this session; install "
+                      f"target={name!r} (or simulate it) for it to apply", PolicyWarning, stacklevel=2)
+    return _register("accelerated", op, fn, name)
+
+
+def _device_names() -> set[str]:
+    from ..target import KNOWN
+    from .profiles import BUILTIN
+
+    names = set(KNOWN) | set(BUILTIN)
+    session = current()
+    if session is not None:
+        names.add(session.target.name)  # a .toml profile's own name
+    return names

@@ -169,7 +169,7 @@ def _add_engine_record(log: RoutingLog, rec: Any, observed: dict[str, int]) -> N
 
 
 @contextlib.contextmanager
-def trace(*, use_observer: bool | None = None) -> Iterator[RoutingLog]:
+def trace(*, use_observer: bool | None = None, threads: bool = False) -> Iterator[RoutingLog]:
     """Record how each aten op in the block was routed; yields the :class:`RoutingLog`.
 
     >>> with torch_adapter.trace() as log:
@@ -179,8 +179,10 @@ def trace(*, use_observer: bool | None = None) -> Iterator[RoutingLog]:
 
     ``use_observer``: None uses the observer when it is available, False forces the
     recorder mode (slower; call sites for every op, not only for the engine's).
+    ``threads=True`` (recorder mode) also records the threads started inside the block
+    (the recorder is a per-thread dispatch mode; ``torch-adapter run --report`` uses it).
     """
-    from ..session import current
+    from .._state import current
     from ..target import resolve
     from .profiles import profile_for
 
@@ -215,7 +217,8 @@ def trace(*, use_observer: bool | None = None) -> Iterator[RoutingLog]:
                 log.meta.update(source=f"observer:{result.backend}" + ("+engine" if engine is not None else ""),
                                 duration_s=round(time.perf_counter() - t0, 6))
         else:
-            with _recording(log, engine, decide, key):
+            with _recording(log, engine, decide, key), (_following_threads(log, engine, decide, key)
+                                                        if threads else contextlib.nullcontext()):
                 yield log
     finally:
         _ACTIVE[:] = [x for x in _ACTIVE if x is not log]
@@ -233,6 +236,36 @@ def _start_observer() -> Any:
         obs.stop()
         return None
     return obs
+
+
+@contextlib.contextmanager
+def _following_threads(log: RoutingLog, engine: Any, decide: Any, key: Any) -> Iterator[None]:
+    """Threads started in the block enter a recorder for ``log`` first thing (a profile function,
+    ``threading.setprofile``, runs in each new thread before its target and removes itself)."""
+    import sys
+    import threading
+
+    previous = threading.getprofile()
+    open_ = [True]
+
+    def start(frame: Any, event: str, arg: Any) -> None:
+        sys.setprofile(previous)
+        if not open_[0]:
+            return
+        try:
+            recorder = Recorder(decide, key)
+            recorder.logs = [log]
+            state.recorder = recorder
+            recorder.__enter__()  # the thread's dispatch-mode stack ends with the thread
+        except Exception:  # instrumentation never breaks the user's thread
+            return
+
+    threading.setprofile(start)
+    try:
+        yield
+    finally:
+        open_[0] = False
+        threading.setprofile(previous)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,374 @@
+"""The optimization layer: ``configure(optimization_level=..., ...)`` applied to an unchanged script.
+
+While a session is installed, the models, optimizers and DDP wrappers the *script* creates
+are adopted when they first run and changed as the session's options say (docs/tools.md
+has the table per target):
+
+==========================  ===================================================================
+option                      what happens to the script's objects
+==========================  ===================================================================
+``optimization_level``      ``conservative``: nothing (eager, as written; no hook installed).
+                            ``balanced``: optimizers run their fused (else foreach) kernels
+                            where the target has them; convolution models go channels-last
+                            where the target's convolutions prefer it (CUDA); models run
+                            under ``autocast`` in the target's fast low precision where it has
+                            one (CUDA: bf16/fp16; a CPU with avx512_bf16/AMX: bf16; never a
+                            CPU without: bf16 is emulated there), outputs cast back to fp32.
+                            ``aggressive``: balanced + each model that ran is
+                            ``torch.compile``\\ d (its first step compiles: a note says how long)
+``fusion_patterns``         ``["attention_blocks"]``: hand-written ``softmax(QKᵀ·s)V``
+                            (matmul/bmm/@/einsum) runs as ``scaled_dot_product_attention``
+                            (:mod:`._fusion`); each rewrite is listed in ``trace()``'s log
+``gradient_checkpointing``  the model's own switch (diffusers/transformers), else a warning
+``activation_checkpointing`` listed block classes run under ``torch.utils.checkpoint``
+``memory_strategy``         ``reuse``: DDP ``gradient_as_bucket_view=True``; ``aggressive``:
+                            reuse + gradient checkpointing
+``communication_bucket_size`` DDP ``bucket_cap_mb`` (unless the script passes its own)
+==========================  ===================================================================
+
+Mechanism apart from data: models are found by one global forward pre-hook (the first
+module called that is not inside an adopted one is a model), optimizers by a global
+optimizer step pre-hook, DDP by wrapping its ``__init__``. Every change is recorded with
+its undo; a suspended session takes them off and puts them back on resume; ``uninstall()``
+undoes them all (instance attributes deleted, optimizer flags restored). What was applied:
+:func:`applied`.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+import warnings
+import weakref
+from typing import Any
+
+from ._state import current
+
+__all__ = ["apply", "applied", "OptimizeWarning", "plan_for"]
+
+
+class OptimizeWarning(UserWarning):
+    """The optimization layer could not apply an option to an object, or a note on its cost."""
+
+
+_FUSED_DEVICES = ("cpu", "cuda", "mps", "xpu")  # torch 2.13's fused Adam/AdamW/SGD kernels
+
+
+def native_low_precision(device_type: str) -> Any:
+    """The dtype the target computes fast in below fp32, or None (CPU without bf16 units)."""
+    import torch
+
+    if device_type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device_type == "cpu":
+        try:
+            with open("/proc/cpuinfo") as fh:
+                flags = next((line for line in fh if line.startswith("flags")), "").split()
+        except OSError:
+            return None
+        return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & set(flags) else None
+    if device_type in ("mps", "xpu", "npu"):
+        return torch.float16
+    return None
+
+
+def plan_for(session: Any) -> dict[str, Any]:
+    """What the session's options do on its target (JSON-able; docs/tools.md)."""
+    import torch
+
+    cfg, dev = session.config, session.target.device_type
+    level = cfg.optimization_level
+    on = level != "conservative"
+    dtype = None
+    if on and cfg.amp_dtype != "float32":
+        dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(cfg.amp_dtype) or native_low_precision(dev)
+    return {"fused_optimizers": on and dev in _FUSED_DEVICES, "foreach_optimizers": on and dev not in _FUSED_DEVICES,
+            "channels_last": on and dev == "cuda", "autocast": str(dtype).replace("torch.", "") if dtype else None,
+            "compile": level == "aggressive" and not session.target.simulated,
+            "fusion": tuple(cfg.fusion_patterns),
+            "gradient_checkpointing": cfg.gradient_checkpointing or cfg.memory_strategy in ("aggressive", "low"),
+            "activation_checkpointing": tuple(cfg.activation_checkpointing),
+            "bucket_cap_mb": cfg.communication_bucket_size,
+            "gradient_as_bucket_view": cfg.memory_strategy in ("reuse", "aggressive")}
+
+
+class _Layer:
+    """The optimization state of one session: hooks, adopted objects and their undos."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = weakref.ref(session)
+        self.plan: dict[str, Any] = {}
+        self.hooks: list[Any] = []
+        self.known: "weakref.WeakSet[Any]" = weakref.WeakSet()  # modules inside adopted models
+        self.undos: list[Any] = []  # newest last
+        self.applied: list[dict[str, Any]] = []
+        self.lock = threading.RLock()
+        self.on = False
+
+    # -- on / off ----------------------------------------------------------------------------
+    def start(self) -> None:
+        import torch
+        from torch.nn.modules.module import register_module_forward_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        session = self.session()
+        self.plan = plan_for(session)
+        p = self.plan
+        models = p["channels_last"] or p["autocast"] or p["compile"] or p["fusion"] or \
+            p["gradient_checkpointing"] or p["activation_checkpointing"]
+        if models:
+            self.hooks.append(register_module_forward_pre_hook(self._adopt_module))
+        if p["fused_optimizers"] or p["foreach_optimizers"]:
+            self.hooks.append(register_optimizer_step_pre_hook(self._adopt_optimizer))
+        if p["bucket_cap_mb"] is not None or p["gradient_as_bucket_view"]:
+            self._wrap_ddp(torch.nn.parallel.DistributedDataParallel)
+        self.on = True
+
+    def stop(self) -> None:
+        """Undo everything, newest first; the layer can start again (resume)."""
+        with self.lock:
+            while self.hooks:
+                self.hooks.pop().remove()
+            while self.undos:
+                try:
+                    self.undos.pop()()
+                except Exception:  # an object the script already changed back: nothing to undo
+                    pass
+            self.known = weakref.WeakSet()
+            self.on = False
+
+    def _record(self, what: str, obj: Any, undo: Any, **extra: Any) -> None:
+        self.undos.append(undo)
+        self.applied.append({"what": what, "object": type(obj).__name__, **extra})
+
+    # -- models ------------------------------------------------------------------------------
+    def _adopt_module(self, module: Any, args: Any) -> None:
+        import torch
+
+        if torch.compiler.is_compiling() or module in self.known:
+            return
+        with self.lock:
+            if module in self.known or not self.on:
+                return
+            for m in module.modules():
+                self.known.add(m)
+            params = next(module.parameters(), None) is not None
+            if hasattr(module, "_orig_mod") or not (params or self.plan["fusion"]):
+                return  # compiled by the script (prepare()), or a loss/activation module: left as it is
+            try:
+                self._optimize_model(module, params)
+            except Exception as exc:  # instrumentation never breaks user code
+                warnings.warn(f"torch_adapter: the optimization layer could not adapt {type(module).__name__} "
+                              f"({type(exc).__name__}: {exc}); it runs as written", OptimizeWarning, stacklevel=3)
+
+    def _optimize_model(self, model: Any, params: bool = True) -> None:
+        import torch
+
+        p = self.plan
+        if p["fusion"]:
+            from . import _fusion
+
+            for _ in _fusion.rewrite_attention(model, self._set_forward):
+                pass  # each rewrite is recorded (with its undo and site) by _set_forward
+        if not params:
+            return
+        if p["gradient_checkpointing"]:
+            self._checkpointing(model)
+        for name, sub in model.named_modules():
+            if p["activation_checkpointing"] and _listed(sub, p["activation_checkpointing"]):
+                self._set_forward(sub, _checkpointed(_forward_of(sub)), "activation_checkpointing", site=name)
+        if p["channels_last"] and any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
+            model.to(memory_format=torch.channels_last)
+            self._record("channels_last", model, lambda m=weakref.ref(model): m() and m().to(
+                memory_format=torch.contiguous_format))
+        if p["autocast"] or p["compile"]:
+            forward = _forward_of(model)
+            if p["autocast"]:
+                forward = _autocast(forward, self.session().target.device_type, getattr(torch, p["autocast"]))
+            if p["compile"]:
+                forward = self._compiled(model, forward)
+            self._set_forward(model, forward, "+".join(k for k in ("autocast", "compile") if p[k]),
+                              dtype=p["autocast"])
+
+    def _set_forward(self, module: Any, forward: Any, what: str, **extra: Any) -> None:
+        had = "forward" in module.__dict__
+        before = module.__dict__.get("forward")
+        module.forward = forward
+        ref = weakref.ref(module)
+
+        def undo() -> None:
+            m = ref()
+            if m is None:
+                return
+            if had:
+                m.forward = before
+            else:
+                m.__dict__.pop("forward", None)
+
+        self._record(what, module, undo, **extra)
+
+    def _compiled(self, model: Any, forward: Any) -> Any:
+        import torch
+
+        compiled = torch.compile(forward)
+        first = [True]
+
+        @functools.wraps(forward)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if not first[0]:
+                return compiled(*args, **kwargs)
+            first[0] = False
+            t0 = time.perf_counter()
+            out = compiled(*args, **kwargs)
+            warnings.warn(f"torch_adapter (optimization_level='aggressive'): compiled {type(model).__name__}'s "
+                          f"forward in {time.perf_counter() - t0:.1f} s (first call; the backward compiles at the "
+                          f"first backward). Later steps reuse it", OptimizeWarning, stacklevel=2)
+            return out
+
+        return run
+
+    def _checkpointing(self, model: Any) -> None:
+        for on, off in (("enable_gradient_checkpointing", "disable_gradient_checkpointing"),
+                        ("gradient_checkpointing_enable", "gradient_checkpointing_disable")):
+            if callable(getattr(model, on, None)):
+                was = bool(getattr(model, "is_gradient_checkpointing", False))
+                getattr(model, on)()
+                if not was:
+                    self._record("gradient_checkpointing", model, lambda m=weakref.ref(model), f=off:
+                                 m() is not None and getattr(m(), f)())
+                return
+        warnings.warn(f"torch_adapter: gradient_checkpointing: {type(model).__name__} has no gradient-checkpointing "
+                      f"switch; list its block classes in configure(activation_checkpointing=[...]) instead",
+                      OptimizeWarning, stacklevel=5)
+
+    # -- optimizers ------------------------------------------------------------------------------
+    def _adopt_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if getattr(optimizer, "_torch_adapter_seen", None) is self:
+            return
+        with self.lock:
+            optimizer._torch_adapter_seen = self
+            flag = "fused" if self.plan["fused_optimizers"] else "foreach"
+            changed = []
+            for group in optimizer.param_groups:
+                if flag not in group or group.get("fused") or group.get("foreach") or group.get("differentiable"):
+                    continue  # the optimizer has no such kernel, or the script chose one
+                if flag == "fused" and not all(p.is_floating_point() for p in group["params"]):
+                    continue
+                changed.append((group, group.get("foreach"), group.get("fused")))
+                group[flag] = True
+                if flag == "fused":
+                    group["foreach"] = False
+            if not changed:
+                return
+            if flag == "fused":
+                optimizer._step_supports_amp_scaling = True
+
+            def undo() -> None:
+                for group, foreach, fused in changed:
+                    group["foreach"], group["fused"] = foreach, fused
+                optimizer.__dict__.pop("_torch_adapter_seen", None)
+
+            self._record(f"optimizer:{flag}", optimizer, undo)
+
+    # -- DDP -----------------------------------------------------------------------------------
+    def _wrap_ddp(self, ddp: type) -> None:
+        p = self.plan
+        original = ddp.__dict__["__init__"]
+
+        @functools.wraps(original)
+        def __init__(module_self: Any, *args: Any, **kwargs: Any) -> None:
+            if p["bucket_cap_mb"] is not None and "bucket_cap_mb" not in kwargs:
+                kwargs["bucket_cap_mb"] = p["bucket_cap_mb"]
+            if p["gradient_as_bucket_view"] and "gradient_as_bucket_view" not in kwargs:
+                kwargs["gradient_as_bucket_view"] = True
+            original(module_self, *args, **kwargs)
+
+        ddp.__init__ = __init__  # type: ignore[method-assign]
+
+        def undo() -> None:
+            ddp.__init__ = original  # type: ignore[method-assign]
+
+        self._record("ddp", ddp, undo, bucket_cap_mb=p["bucket_cap_mb"])
+
+
+def _forward_of(module: Any) -> Any:
+    return module.__dict__.get("forward") or module.forward
+
+
+def _listed(module: Any, names: tuple[str, ...]) -> bool:
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__qualname__}" in names or cls.__name__ in names
+
+
+def _checkpointed(forward: Any) -> Any:
+    from torch.utils.checkpoint import checkpoint
+
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run
+
+
+def _autocast(forward: Any, device_type: str, dtype: Any) -> Any:
+    """``forward`` under autocast(device_type, dtype) unless the script opened one; low-precision
+    floating outputs come back as float32, so the script sees the dtypes it was written for."""
+    import torch
+
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if torch.is_autocast_enabled(device_type):
+            return forward(*args, **kwargs)
+        with torch.autocast(device_type, dtype=dtype):
+            out = forward(*args, **kwargs)
+        return _to_fp32(out, dtype)
+
+    return run
+
+
+def _to_fp32(out: Any, dtype: Any) -> Any:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out.float() if out.dtype == dtype else out
+    if isinstance(out, dict):
+        for key, value in list(out.items()):
+            if isinstance(value, torch.Tensor) and value.dtype == dtype:
+                out[key] = value.float()
+        return out
+    if isinstance(out, (tuple, list)) and type(out) in (tuple, list):
+        return type(out)(_to_fp32(o, dtype) for o in out)
+    return out
+
+
+def _layer(session: Any, create: bool = True) -> _Layer | None:
+    layer = getattr(session, "optimizer_layer", None)
+    if layer is None and create:
+        layer = session.optimizer_layer = _Layer(session)
+        session.suspenders.append((layer.stop, layer.start))
+    return layer
+
+
+def apply(session: Any, old: Any) -> None:
+    """Bring the layer in line with ``session.config`` (called at install and configure)."""
+    layer = _layer(session, create=plan_needed(session))
+    if layer is None:
+        return
+    if old is not None and layer.on and plan_for(session) == layer.plan:
+        return
+    layer.stop()
+    if plan_needed(session):
+        layer.start()
+
+
+def plan_needed(session: Any) -> bool:
+    p = plan_for(session)
+    return any(v for v in p.values())
+
+
+def applied(session: Any = None) -> list[dict[str, Any]]:
+    """What the layer changed in this session so far: one row per object and change."""
+    session = session if session is not None else current()
+    layer = _layer(session, create=False) if session is not None else None
+    return list(layer.applied) if layer is not None else []

@@ -1,0 +1,98 @@
+"""The optimization layer on an unchanged CUDA-written training step: each level against eager.
+
+The tiny-SD training step of ``workloads.py`` (``sd_unet``: ``.to("cuda")``, AdamW,
+``torch.cuda.synchronize()``), not edited, timed interleaved under:
+
+- ``plain``         torch untouched, on this machine's device (the baseline);
+- ``redirect``      ``adapted("cpu")``, conservative: redirection only (install/uninstall
+                    sit outside the timed region) — the redirect-only throughput kept;
+- ``balanced``      ``optimization_level="balanced"``: fused AdamW, autocast in the target's
+                    fast low precision *where it has one* (not on a CPU without bf16 units);
+- ``aggressive``    balanced + torch.compile of the model that ran (first step compiles).
+
+Then, apart from the timing, the loss of the same seeded steps under each configuration:
+its largest relative drift from plain. First-step time (compile included) is reported
+per configuration. Not run in CI (minutes: the first aggressive step compiles).
+
+    nice python benchmarks/bench_optimize.py --quick
+    python benchmarks/bench_optimize.py --configs plain,balanced,aggressive
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import harness, workloads  # noqa: E402
+
+__all__ = ["main", "loss_drift"]
+
+
+def _configs() -> list[harness.Configuration]:
+    return [harness.plain(), harness.adapted("cpu", name="redirect", goal=0.995),
+            harness.adapted("cpu", name="balanced", goal=1.1, optimization_level="balanced"),
+            harness.adapted("cpu", name="aggressive", goal=1.3, optimization_level="aggressive")]
+
+
+def loss_drift(configs: list[harness.Configuration], steps: int = 4) -> dict[str, dict[str, object]]:
+    """Per configuration: the losses of ``steps`` seeded steps, first-step seconds, and the
+    largest relative difference from the first configuration's losses."""
+    import torch.nn.functional as F
+
+    out: dict[str, dict[str, object]] = {}
+    original = F.mse_loss
+    for cfg in configs:
+        losses: list[float] = []
+
+        def recording(*args, **kwargs):
+            loss = original(*args, **kwargs)
+            losses.append(float(loss.detach()))
+            return loss
+
+        F.mse_loss = recording
+        try:
+            with cfg.context():
+                step = workloads.sd_unet.build(cfg.device)
+                t0 = time.perf_counter()
+                step()
+                first = time.perf_counter() - t0
+                for _ in range(steps - 1):
+                    step()
+        finally:
+            F.mse_loss = original
+        out[cfg.name] = {"losses": losses, "first_step_s": round(first, 2)}
+    base = out[configs[0].name]["losses"]
+    for row in out.values():
+        row["max_rel_drift"] = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(row["losses"], base))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    harness.add_arguments(parser, workloads=["sd_unet"])
+    parser.add_argument("--drift-steps", type=int, default=4, help="seeded steps compared for loss drift")
+    args = parser.parse_args(argv)
+    configs = harness.select(_configs(), args.configs)
+    drift = loss_drift(configs, args.drift_steps)  # also warms the compile cache before timing
+    results = harness.run_from_args(args, [workloads.sd_unet], configs, default_name="optimize",
+                                    quick={"repeats": 3, "steps": 2, "warmup": 1, "min_block": 0})
+    for result in results:
+        result.meta.update(loss_drift=drift)
+        folder = Path(args.json).parent if args.json and Path(args.json).parent != Path(".") else None
+        harness.write_json(result, folder)
+        base = result.configs[0]
+        for cfg in result.configs:
+            d = drift[cfg.name]
+            print(f"{cfg.name:>11}: {cfg.median_s * 1e3:8.1f} ms/step, {base.median_s / cfg.median_s:.3f}x vs "
+                  f"{base.name} (goal {cfg.goal}); first step {d['first_step_s']:6.1f} s; loss drift "
+                  f"{d['max_rel_drift']:.2e} over {len(d['losses'])} steps")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""The optimization layer: configure() options change the objects an unchanged script creates,
+and uninstall() (or a suspension) undoes every change."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torch_adapter
+from torch_adapter import optimize, optimizing
+from torch_adapter.errors import RegistrationError
+
+
+class HandAttention(nn.Module):
+    """softmax(QK^T * s)V written by hand, as in many research scripts."""
+
+    def __init__(self, d: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.qkv, self.proj, self.heads, self.scale = nn.Linear(d, 3 * d), nn.Linear(d, d), heads, (d // heads) ** -0.5
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        w = torch.softmax(q @ k.transpose(-2, -1) * self.scale, dim=-1)
+        return self.proj((w @ v).transpose(1, 2).reshape(b, n, d))
+
+
+class EinsumAttention(nn.Module):
+    def forward(self, q, k, v):
+        return torch.einsum("bij,bjd->bid", (torch.einsum("bid,bjd->bij", q, k) / 4.0).softmax(dim=-1), v)
+
+
+def _step(model, opt, x):
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.item()
+
+
+def test_conservative_installs_nothing():
+    session = torch_adapter.install(target="cpu")
+    model = nn.Linear(4, 4)
+    _step(model, torch.optim.AdamW(model.parameters()), torch.randn(2, 4))
+    assert getattr(session, "optimizer_layer", None) is None and optimizing.applied() == []
+
+
+def test_balanced_fuses_the_scripts_optimizer_and_uninstall_restores_it():
+    torch_adapter.install(target="cpu", optimization_level="balanced")
+    model = nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters())
+    assert opt.param_groups[0]["fused"] is None
+    _step(model, opt, torch.randn(2, 4))
+    assert opt.param_groups[0]["fused"] is True and opt.param_groups[0]["foreach"] is False
+    assert {"what": "optimizer:fused", "object": "AdamW"} in optimizing.applied()
+    torch_adapter.uninstall()
+    assert opt.param_groups[0]["fused"] is None and opt.param_groups[0]["foreach"] is None
+
+
+def test_balanced_keeps_the_same_numbers():
+    torch.manual_seed(0)
+    a, x = nn.Linear(8, 8), torch.randn(4, 8)
+    b = nn.Linear(8, 8)
+    b.load_state_dict(a.state_dict())
+    plain = [_step(a, torch.optim.AdamW(a.parameters()), x) for _ in range(1)]
+    oa = torch.optim.AdamW(a.parameters())
+    plain = [_step(a, oa, x) for _ in range(3)]
+    torch_adapter.install(target="cpu", optimization_level="balanced", mixed_precision="fp32")
+    _step(b, torch.optim.AdamW(b.parameters()), x)
+    ob = torch.optim.AdamW(b.parameters())
+    fused = [_step(b, ob, x) for _ in range(3)]
+    assert ob.param_groups[0]["fused"] is True
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-6)
+
+
+def test_fusion_rewrites_hand_written_attention_with_its_site_in_the_log():
+    torch.manual_seed(0)
+    model, x = HandAttention(), torch.randn(2, 5, 16)
+    ein, qkv = EinsumAttention(), [torch.randn(2, 5, 8) for _ in range(3)]
+    plain, plain_e = model(x), ein(*qkv)
+    torch_adapter.install(target="cpu", fusion_patterns=["attention_blocks"])
+    model(x), ein(*qkv)  # adopted at their first call under the session; changed from the next
+    with torch_adapter.trace(use_observer=False) as log:
+        fused, fused_e = model(x), ein(*qkv)
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused_e, plain_e, rtol=1e-5, atol=1e-5)
+    ops = {r.op: r for r in log.entries.values()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops or any("scaled_dot" in o for o in ops)
+    row = ops["fusion::attention_blocks.HandAttention"]
+    assert row.site["file"] == __file__ and row.site["function"] == "forward" and "softmax(QK^T)V" in row.reason
+    assert "fusion::attention_blocks.EinsumAttention" in ops
+    torch_adapter.uninstall()
+    assert "forward" not in model.__dict__ and "forward" not in ein.__dict__
+
+
+def test_gradient_checkpointing_uses_the_models_switch_and_is_undone():
+    pytest.importorskip("diffusers")
+    from diffusers import UNet2DModel
+
+    unet = UNet2DModel(sample_size=8, in_channels=1, out_channels=1, block_out_channels=(32,),
+                       down_block_types=("DownBlock2D",), up_block_types=("UpBlock2D",), layers_per_block=1)
+    torch_adapter.install(target="cpu", gradient_checkpointing=True)
+    unet(torch.randn(1, 1, 8, 8), 1)
+    assert unet.is_gradient_checkpointing
+    torch_adapter.uninstall()
+    assert not unet.is_gradient_checkpointing
+
+
+def test_activation_checkpointing_of_listed_blocks_keeps_gradients():
+    torch.manual_seed(0)
+    model = nn.Sequential(HandAttention(), HandAttention())
+    x = torch.randn(2, 5, 16)
+    model(x).sum().backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    torch_adapter.install(target="cpu", activation_checkpointing=[HandAttention])
+    model(x).sum().backward()
+    assert [r["what"] for r in optimizing.applied()].count("activation_checkpointing") == 2
+    for p, g in zip(model.parameters(), plain):
+        torch.testing.assert_close(p.grad, g)
+
+
+def test_ddp_bucket_size_is_passed_to_the_scripts_wrapper(tmp_path):
+    import torch.distributed as dist
+
+    torch_adapter.install(target="cpu", communication_bucket_size=7, memory_strategy="reuse")
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        ddp = nn.parallel.DistributedDataParallel(nn.Linear(4, 4))
+        assert ddp.bucket_bytes_cap == 7 * 1024 * 1024 and ddp.gradient_as_bucket_view
+        own = nn.parallel.DistributedDataParallel(nn.Linear(4, 4), bucket_cap_mb=3)
+        assert own.bucket_bytes_cap == 3 * 1024 * 1024  # the script's own choice wins
+    finally:
+        dist.destroy_process_group()
+        torch_adapter.uninstall()
+    assert "__init__" not in vars(nn.parallel.DistributedDataParallel) or \
+        nn.parallel.DistributedDataParallel.__init__.__module__ == "torch.nn.parallel.distributed"
+
+
+def test_mixed_precision_autocast_only_where_the_target_computes_it_fast():
+    session = torch_adapter.install(target="cpu", optimization_level="balanced")
+    expected = optimizing.native_low_precision("cpu")
+    assert optimizing.plan_for(session)["autocast"] == (str(expected).replace("torch.", "") if expected else None)
+    torch_adapter.configure(mixed_precision="bf16")  # asked for explicitly: applied whatever the CPU
+    model = nn.Linear(4, 4)
+    model(torch.randn(2, 4))
+    out = model(torch.randn(2, 4))
+    assert out.dtype == torch.float32  # the script sees the dtype it was written for
+    assert any(r["what"] == "autocast" and r["dtype"] == "bfloat16" for r in optimizing.applied())
+    torch_adapter.configure(optimization_level="conservative")
+    assert "forward" not in model.__dict__
+
+
+def test_optimize_register_as_a_decorator():
+    torch_adapter.install(target="cpu")
+
+    @optimize.register(nn.LayerNorm)
+    def doubled(module, x):
+        return 2 * torch.nn.functional.layer_norm(x, module.normalized_shape, module.weight, module.bias, module.eps)
+
+    ln, x = nn.LayerNorm(4), torch.randn(2, 4)
+    torch.testing.assert_close(ln(x), 2 * torch.nn.functional.layer_norm(x, (4,), ln.weight, ln.bias))
+    assert doubled.registration.site["file"] == __file__
+    doubled.remove()
+    with pytest.raises(RegistrationError, match=r"expected an nn.Module subclass.*got 3 \(int\)"):
+        optimize.register(3)
+
+
+def test_suspension_takes_the_optimizations_off_and_resume_puts_them_back():
+    torch_adapter.install(target="cpu", fusion_patterns=["attention_blocks"])
+    model, x = HandAttention(), torch.randn(2, 5, 16)
+    model(x)
+    assert "forward" in model.__dict__
+    with torch_adapter.adapted(target="cpu", amp_dtype="float32"):
+        assert "forward" not in model.__dict__
+    model(x)  # adopted again when it runs
+    assert "forward" in model.__dict__

@@ -1,0 +1,147 @@
+"""Threads: the session is process-wide (shared by every thread; other settings from another
+thread are an error, never silent sharing), and the hot paths count correctly across threads."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import torch_adapter
+from torch_adapter import debug, register_fallback
+from torch_adapter.errors import UsageError
+
+
+def _in_thread(fn):
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # handed to the test thread
+            out["error"] = exc
+
+    t = threading.Thread(target=run, name="worker")
+    t.start()
+    t.join()
+    return out
+
+
+def test_other_settings_from_another_thread_are_an_error_and_change_nothing():
+    session = torch_adapter.install(target="mps", simulate=True)
+
+    def other():
+        with torch_adapter.adapted(target="cpu"):
+            pass
+
+    out = _in_thread(other)
+    assert isinstance(out.get("error"), UsageError)
+    assert "from thread 'worker'" in str(out["error"]) and "installed it ('MainThread')" in str(out["error"])
+    assert "process-wide" in str(out["error"])
+    out = _in_thread(lambda: torch_adapter.install(target="cpu"))
+    assert isinstance(out.get("error"), UsageError)
+    out = _in_thread(lambda: torch_adapter.configure(fallback="error"))
+    assert isinstance(out.get("error"), UsageError)
+    assert torch_adapter.current() is session and session.active and session.config.fallback == "allow"
+
+
+def test_same_settings_share_the_session_and_the_last_block_out_closes_it():
+    inside, leave = threading.Event(), threading.Event()
+    seen = {}
+
+    def worker():
+        with torch_adapter.adapted(target="cpu") as s:
+            seen["session"] = s
+            inside.set()
+            leave.wait(30)
+            seen["active_after_main_left"] = s.active and torch_adapter.current() is s
+
+    with torch_adapter.adapted(target="cpu") as main:
+        t = threading.Thread(target=worker)
+        t.start()
+        assert inside.wait(30)
+    assert seen["session"] is main and main.active  # main left first: the worker is still inside
+    leave.set()
+    t.join()
+    assert seen["active_after_main_left"] and main.closed and torch_adapter.current() is None
+
+
+def test_an_outer_thread_that_ended_does_not_block_a_new_install():
+    out = _in_thread(lambda: torch_adapter.install(target="cpu"))
+    assert out["value"].owner.name == "worker"
+    session = torch_adapter.install(target="cpu", amp_dtype="float32")  # the worker is gone: allowed
+    assert torch_adapter.current() is session
+
+
+def test_redirect_counts_do_not_lose_calls_across_threads():
+    session = torch_adapter.install(target="cpu")
+    barrier = threading.Barrier(4)
+
+    def work():
+        barrier.wait()
+        for _ in range(500):
+            torch.empty(1, device="cuda")  # one call site, counted in one row
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rows = [e for e in session.redirect_log.entries() if e.function == "work"]
+    assert len(rows) == 1 and rows[0].count == 2000
+
+
+def test_engine_reinstallation_never_lets_a_call_through_unrouted():
+    session = torch_adapter.install(target="mps", simulate=True)
+    register_fallback("aten::heaviside", lambda x, values: x * 0 + 7)
+    stop = threading.Event()
+    results = []
+
+    def work():
+        x, v = torch.zeros(2), torch.ones(())
+        while not stop.is_set():
+            results.append(torch.heaviside(x, v)[0].item())
+
+    t = threading.Thread(target=work)
+    t.start()
+    try:
+        for i in range(30):  # each configure() re-registers every override
+            torch_adapter.configure(fallback="allow" if i % 2 else "warn")
+    finally:
+        stop.set()
+        t.join()
+    assert results and set(results) == {7.0}  # never the plain kernel's 1.0
+
+
+def test_debug_checks_switched_off_from_another_thread():
+    torch_adapter.install(target="cpu", debug_mode=True)
+    with pytest.raises(Exception, match="aten::log"):
+        torch.log(torch.tensor([-1.0]))
+    out = _in_thread(lambda: torch_adapter.configure(debug_mode=False))
+    assert isinstance(out.get("error"), UsageError)  # the session's owner decides its settings
+    out = _in_thread(debug.disable_nan_check)  # the tool itself may be switched off from anywhere
+    assert "error" not in out
+    torch.log(torch.tensor([-1.0]))  # the mode left on this thread passes ops through
+    torch_adapter.uninstall()  # the owning thread takes the stale mode off
+    from torch_adapter._torch_private import dispatch_mode_stack
+
+    assert dispatch_mode_stack() == []
+
+
+def test_run_report_counts_ops_on_other_threads(tmp_path, cli):
+    script = tmp_path / "two.py"
+    script.write_text("import threading, torch\n"
+                      "def work():\n"
+                      "    a = torch.randn(4, 4, device='cuda')\n"
+                      "    for _ in range(20):\n"
+                      "        torch.mm(a, a)\n"
+                      "ts = [threading.Thread(target=work) for _ in range(2)]\n"
+                      "[t.start() for t in ts]; [t.join() for t in ts]\n")
+    report = tmp_path / "r.json"
+    out = cli("run", "--report-json", str(report), str(script))
+    assert out.returncode == 0, out.stderr
+    import json
+
+    entries = json.loads(report.read_text())["ops"]
+    assert sum(e["calls"] for e in entries if e["op"] == "aten::mm") == 40
