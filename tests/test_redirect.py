@@ -214,7 +214,7 @@ def test_absent_and_unknown_targets_are_clear_errors():
 def test_bad_options_are_usage_errors():
     with pytest.raises(UsageError, match=r"keyword arguments among .*got 'amp_dtpye'"):
         torch_adapter.install("cpu", amp_dtpye="float16")
-    with pytest.raises(UsageError, match=r"amp_dtype=...\): expected one of \('auto'"):
+    with pytest.raises(UsageError, match=r"amp_dtype=...\): expected one of 'auto'"):
         torch_adapter.install("cpu", amp_dtype="fp8")
     with pytest.raises(UsageError, match="expected an installed adapter"):
         torch_adapter.configure(amp_dtype="float16")
