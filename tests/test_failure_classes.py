@@ -222,3 +222,50 @@ def test_torch_device_int_means_cuda_ordinal_and_pickles_as_torchs():
     assert torch.device is c_device and c_device not in copyreg.dispatch_table
     with pytest.raises(RuntimeError, match="accelerator"):
         torch.device(0)
+
+
+@pytest.mark.parametrize("device_map", [{"": 0}, "auto", "balanced"])
+def test_accelerate_dispatch_model_with_int_and_automatic_device_maps(device_map):
+    from accelerate import dispatch_model, infer_auto_device_map
+    from accelerate.utils import get_balanced_memory
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    expected = model(x)
+    torch_adapter.install("cpu")
+    if isinstance(device_map, str):
+        max_memory = get_balanced_memory(model) if device_map == "balanced" else None
+        device_map = infer_auto_device_map(model, max_memory=max_memory)
+    dispatched = dispatch_model(model, device_map=device_map)
+    out = dispatched(x.cuda())
+    assert out.device.type == "cpu" and torch.equal(out, expected)
+
+
+def _gpu_checkpoint(path):
+    """A checkpoint as torch.save writes it on a GPU machine: storages tagged 'cuda:0'."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    torch.save({"w": torch.arange(4.0)}, buf)
+    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    with zipfile.ZipFile(path, "w") as out:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename.endswith("data.pkl"):
+                data = data.replace(b"X\x03\x00\x00\x00cpu", b"X\x06\x00\x00\x00cuda:0")
+            out.writestr(info, data)
+
+
+@pytest.mark.parametrize("map_location,device", [({"cuda:0": "cpu"}, "cpu"), ({"cuda:0": "meta"}, "meta"),
+                                                 ({"cuda:0": "cuda:1"}, "cpu"), ({}, "cpu"), ("cuda", "cpu"),
+                                                 (torch.device("cuda", 0), "cpu")])
+def test_gpu_checkpoint_with_map_location(tmp_path, map_location, device):
+    path = tmp_path / "gpu.pt"
+    _gpu_checkpoint(path)
+    torch_adapter.install("cpu")
+    w = torch.load(path, map_location=map_location)["w"]
+    assert w.device.type == device
+    if device != "meta":
+        assert w.tolist() == [0.0, 1.0, 2.0, 3.0]
