@@ -269,3 +269,20 @@ def test_gpu_checkpoint_with_map_location(tmp_path, map_location, device):
     assert w.device.type == device
     if device != "meta":
         assert w.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_torch_overrides_tables_first_built_while_installed_are_rebuilt_after():
+    import torch.overrides as overrides
+
+    for cache in (overrides._get_overridable_functions, overrides.get_ignored_functions,
+                  overrides.get_testing_overrides):
+        cache.cache_clear()
+    torch_adapter.install("cpu")
+    wrapper = torch.zeros_like
+    assert wrapper in overrides.get_overridable_functions()[torch]  # built from the wrappers now
+    assert torch.zeros in overrides.get_ignored_functions()
+    torch_adapter.uninstall()
+    funcs = overrides.get_overridable_functions()[torch]
+    assert torch.zeros_like in funcs and wrapper not in funcs
+    assert torch.zeros in overrides.get_ignored_functions()
+    assert torch.zeros_like in overrides.get_testing_overrides()

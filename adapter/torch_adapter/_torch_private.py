@@ -22,7 +22,7 @@ def cuda_device_count() -> int:
     return int(torch._C._cuda_getDeviceCount())
 
 
-__all__ += ["device_context_class", "device_constructors", "reset_device_constructors"]
+__all__ += ["device_context_class", "device_constructors", "reset_device_constructors", "attribute_caches"]
 
 
 def device_context_class() -> type:
@@ -47,6 +47,19 @@ def reset_device_constructors() -> None:
     from torch.utils import _device
 
     _device._device_constructors.cache_clear()
+
+
+def attribute_caches() -> list[Any]:
+    """torch's ``functools`` caches that are built, at their first call, from torch's public
+    attributes of that moment (so a wrapper installed then would stay in them): the factory
+    set above and ``torch.overrides``' tables of overridable functions. Each has
+    ``cache_info()`` and ``cache_clear()``."""
+    import torch.overrides as overrides
+    from torch.utils import _device
+
+    names = ("get_ignored_functions", "get_testing_overrides", "_get_overridable_functions", "_get_tensor_methods")
+    caches = [_device._device_constructors, *(getattr(overrides, n, None) for n in names)]
+    return [c for c in caches if hasattr(c, "cache_clear") and hasattr(c, "cache_info")]
 
 
 # --- routing ------------------------------------------------------------------------

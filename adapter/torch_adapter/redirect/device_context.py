@@ -15,7 +15,8 @@ So, before any factory is wrapped, :func:`apply` clears the cache and builds it 
 torch's own functions; the mode then recognises every factory while installed (a wrapper
 hands the mode torch's function, with the device already mapped). ``uninstall()`` clears it
 again once the attributes are back, so it is rebuilt from them at its next use, whatever
-happened in between. ``DeviceContext(device)`` maps CUDA devices (and int ordinals) to the
+happened in between; so are ``torch.overrides``' tables of overridable functions when they
+were first built while installed. ``DeviceContext(device)`` maps CUDA devices (and int ordinals) to the
 target, so ``with torch.device("cuda"):`` and ``set_default_device("cuda")`` land there.
 """
 
@@ -34,9 +35,18 @@ __all__ = ["apply"]
 def apply(session: Any, mapper: Any, spell: Any) -> None:
     """Patch DeviceContext and the default-device setters; must run before factories are wrapped."""
     p = session.patcher
+    # torch's other caches built from its attributes (torch.overrides' tables): one first
+    # built while installed would keep the wrappers, so it is forgotten at uninstall.
+    cold = [c for c in tp.attribute_caches() if c.cache_info().currsize == 0]
     tp.reset_device_constructors()
     tp.device_constructors()  # built now, from torch's own factories
-    p.after_restore(tp.reset_device_constructors)
+
+    def forget() -> None:
+        for cache in cold:
+            cache.cache_clear()
+        tp.reset_device_constructors()
+
+    p.after_restore(forget)
 
     ctx_cls = tp.device_context_class()
     orig_ctx_init = ctx_cls.__init__
