@@ -1,6 +1,9 @@
 """Layer 1, REDIRECT: CUDA requests → the target. One module per surface:
 
-- :mod:`.devices`      device arguments, Tensor/Module methods, load, Generator, DataLoader
+- :mod:`.devices`      device arguments (and int ordinals), Tensor/Module methods, load, Generator
+- :mod:`.device_context` ``with torch.device``, ``set_default_device``, meta init (torch's factory set)
+- :mod:`.device_ordinal` ``torch.device(0)`` (a stand-in for the name while installed)
+- :mod:`.dataflow`     DataLoader pinning, ``nn.DataParallel`` on the host
 - :mod:`.cuda_ns`      the ``torch.cuda`` namespace answered for the target
 - :mod:`.amp`          autocast / GradScaler / custom_fwd, profiler activities, SDPA backends
 - :mod:`.compiling`    ``torch.compile`` CUDA-graph modes → their no-graph equivalents

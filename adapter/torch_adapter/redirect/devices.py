@@ -2,11 +2,13 @@
 
 The mapping (:class:`DeviceMapper`) is one small pure function; the patches below apply
 it at the entry points where a device is *used*: factories and ``*_like`` functions,
-``Tensor.to/.cuda/.new_*/.pin_memory/.type``, ``with torch.device(...)`` and
-``set_default_device`` (both go through ``torch.utils._device.DeviceContext``),
-``torch.load(map_location=...)``, ``torch.Generator(device=...)``, storages, DataLoader
-pinning and ``nn.DataParallel``. ``Module.to/.cuda/.to_empty`` follow from the Tensor and
-factory patches. No per-op hook: a redirect costs one Python call where a device is named.
+``Tensor.to/.cuda/.new_*/.pin_memory/.type``, ``Module.to`` (an int ordinal is parsed by
+torch before any tensor moves), ``torch.load(map_location=...)``,
+``torch.Generator(device=...)``, storages and safetensors. ``Module.cuda/.to_empty`` follow
+from the Tensor and factory patches; :mod:`.device_context` (``with torch.device``,
+``set_default_device``), :mod:`.device_ordinal` (``torch.device(0)``) and :mod:`.dataflow`
+(DataLoader, DataParallel) are applied from here. No per-op hook: a redirect costs one
+Python call where a device is named.
 
 Semantics of ``tensor.is_cuda`` / ``tensor.device.type``: truthful. A redirected tensor
 *is* on the target (``cpu``, ``npu``, ...), and says so; ``torch.cuda.is_available()``
