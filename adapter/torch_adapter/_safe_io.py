@@ -118,7 +118,7 @@ def atomic_writer(path: str | os.PathLike[str], *, call: str = "torch_adapter: w
         existing = os.lstat(target)
     except FileNotFoundError:
         existing = None
-    tmp = target.parent / f".{target.name}.{secrets.token_hex(8)}.tmp"
+    tmp = target.parent / f".{target.name[:200]}.{secrets.token_hex(8)}.tmp"  # (names are <= 255 bytes)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(tmp, flags, 0o666)  # the umask applies, as for any new file

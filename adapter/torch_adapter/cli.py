@@ -145,7 +145,8 @@ def guarded(func: Any, args: argparse.Namespace) -> int:
         _say(str(exc))
         return EXIT_USAGE
     except OSError as exc:
-        if exc.errno in _OUTPUT_ERRNOS or isinstance(exc, BrokenPipeError):
+        # a failed write to stdout has no file name; an error about a named file is not ours to hide
+        if (exc.errno in _OUTPUT_ERRNOS or isinstance(exc, BrokenPipeError)) and exc.filename is None:
             return _stdout_failed(exc)
         raise
     return code

@@ -251,7 +251,7 @@ def _check_dispatch_key(path: str, key: str) -> None:
 
     keys = backend_dispatch_keys()
     if key not in keys:
-        close = difflib.get_close_matches(key, keys, n=1)
+        close = [k for k in keys if k.lower() == key.lower()] or difflib.get_close_matches(key, keys, n=1)
         raise _fail(path, "dispatch_key", key, f"a backend dispatch key of this torch ({', '.join(keys)})",
                     why="the key says whose kernels count as the target's native ones",
                     fix=f"use {close[0]!r}" if close else 'e.g. dispatch_key = "PrivateUse1"')
