@@ -30,6 +30,7 @@ ADAPTED = {
     "cuda factory": "cpu",
     "cuda available": True,
     "autocast cuda mm": "torch.bfloat16",
+    "torch.device(0)": "cuda:0",  # the real C object; mapped to the CPU where it is used
 }
 
 

@@ -157,3 +157,68 @@ def test_redirect_from_inside_a_library_names_the_users_line_and_the_library_lin
     console = Console(width=300, record=True)
     console.print(session.redirect_log.render())
     assert f"test_failure_classes.py:{line} (via accelerate/utils/operations.py:" in console.export_text()
+
+
+# --- meta-device init of a transformers model (from_pretrained) ------------------------------
+@pytest.fixture(scope="module")
+def tiny_clip(tmp_path_factory):
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    cfg = CLIPTextConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, max_position_embeddings=12, bos_token_id=0, eos_token_id=2,
+                         pad_token_id=1)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("clip")
+    CLIPTextModel(cfg).save_pretrained(path)
+    return path
+
+
+def _load_clip(path, **kwargs):
+    from transformers import CLIPTextModel
+
+    return CLIPTextModel.from_pretrained(path, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"low_cpu_mem_usage": True}, {"device_map": {"": 0}},
+                                    {"device_map": "auto"}, {"device_map": 0}],
+                         ids=["default", "low_cpu_mem_usage", "device_map={'':0}", "device_map=auto", "device_map=0"])
+def test_from_pretrained_under_the_adapter_matches_an_eager_load(tiny_clip, kwargs):
+    eager = _load_clip(tiny_clip).eval()
+    ids = torch.tensor([[0, 5, 9, 33, 2]])
+    expected = eager(ids).last_hidden_state
+    _fresh_constructor_cache()  # as in a fresh `torch-adapter run`: first built while installed
+    torch_adapter.install("cpu")
+    model = _load_clip(tiny_clip, **kwargs).eval()
+    buffers = dict(model.named_buffers())
+    for name, buf in eager.named_buffers():
+        assert torch.equal(buffers[name], buf), name  # position_ids: not garbage
+    for name, param in eager.named_parameters():
+        assert torch.equal(dict(model.named_parameters())[name], param), name
+    assert torch.equal(model(ids.cuda()).last_hidden_state, expected)
+    torch_adapter.uninstall()
+    again = _load_clip(tiny_clip).eval()  # after uninstall: torch's meta init still works
+    assert torch.equal(again.embeddings.position_ids, eager.embeddings.position_ids)
+
+
+def test_torch_device_int_means_cuda_ordinal_and_pickles_as_torchs():
+    import copy
+    import copyreg
+    import pickle
+
+    c_device = torch.device
+    plain = pickle.dumps([torch.device("cuda", 0), torch.device("cpu")])
+    with pytest.raises(RuntimeError, match="accelerator"):
+        torch.device(0)
+    torch_adapter.install("cpu")
+    dev = torch.device(0)
+    assert type(dev) is c_device and dev == c_device("cuda", 0)  # the real object, mapped where used
+    assert isinstance(dev, torch.device) and issubclass(c_device, torch.device)
+    assert torch.zeros(1, device=torch.device(1)).device.type == "cpu"
+    assert nn.Linear(2, 2).to(torch.device(0)).weight.device.type == "cpu"
+    assert torch.device("meta").type == "meta" and torch.device("cuda", 1).index == 1
+    assert pickle.dumps([torch.device("cuda", 0), torch.device("cpu")]) == plain  # files never name the adapter
+    assert copy.deepcopy(dev) == dev and pickle.loads(plain)[0] == dev
+    torch_adapter.uninstall()
+    assert torch.device is c_device and c_device not in copyreg.dispatch_table
+    with pytest.raises(RuntimeError, match="accelerator"):
+        torch.device(0)

@@ -33,6 +33,7 @@ class Patcher:
         self._order: list[tuple[int, str]] = []
         self._env: dict[str, str | None] = {}
         self._after: list[Any] = []
+        self._items: list[tuple[Any, Any, Any]] = []
 
     def __len__(self) -> int:
         return len(self._saved)
@@ -58,6 +59,13 @@ class Patcher:
             self._order.append(key)
         setattr(owner, name, value)
         return self._saved[key][3]
+
+    def set_item(self, mapping: Any, key: Any, value: Any) -> None:
+        """``mapping[key] = value`` (a registry dict such as ``copyreg.dispatch_table``),
+        restorable: the old value is put back, or the key removed if it was absent."""
+        if not any(m is mapping and k == key for m, k, _ in self._items):
+            self._items.append((mapping, key, mapping.get(key, MISSING)))
+        mapping[key] = value
 
     def set_env(self, name: str, value: str | None) -> None:
         """Set (or with ``None`` unset) an environment variable, restorable."""
@@ -89,6 +97,12 @@ class Patcher:
                     setattr(owner, name, original)
         self._saved.clear()
         self._order.clear()
+        for mapping, key, old in reversed(self._items):
+            if old is MISSING:
+                mapping.pop(key, None)
+            else:
+                mapping[key] = old
+        self._items.clear()
         for name, value in self._env.items():
             if value is None:
                 os.environ.pop(name, None)

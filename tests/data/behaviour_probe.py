@@ -77,6 +77,9 @@ def behaviours(libs: bool) -> dict:
     out["int ordinal .to(0)"] = _try(lambda: str(torch.ones(1).to(0).device))
     out["cuda factory"] = _try(lambda: str(torch.zeros(1, device="cuda").device))
     out["cuda available"] = torch.cuda.is_available()
+    out["torch.device(0)"] = _try(lambda: str(torch.device(0)))
+    out["pickled devices"] = __import__("pickle").dumps([torch.device("cuda", 1), torch.device("cpu")]).hex()
+    out["isinstance device"] = isinstance(torch.ones(1).device, torch.device)
     out["Generator"] = [torch.Generator().device.type, isinstance(torch.Generator(), torch.Generator)]
     out["Module.to(float64)"] = str(nn.Linear(2, 2).to(torch.float64).weight.dtype)
     if libs:

@@ -23,6 +23,8 @@ import torch
 
 __all__ = ["DeviceMapper", "apply"]
 
+_DEVICE = type(torch.device("cpu"))  # the C type (while installed the name torch.device is a stand-in)
+
 # torch.<name> functions that take device= (keyword-only in their schemas).
 FACTORIES = (
     "empty", "empty_permuted", "empty_strided", "zeros", "ones", "full", "arange", "range",
@@ -58,7 +60,7 @@ class DeviceMapper:
     def is_cuda(self, dev: Any) -> bool:
         if type(dev) is str:
             return dev.startswith("cuda")
-        if isinstance(dev, torch.device):
+        if isinstance(dev, _DEVICE):
             return dev.type == "cuda"
         return False
 
@@ -73,7 +75,7 @@ class DeviceMapper:
             if not dev.startswith("cuda"):
                 return dev
             index = _index_of(dev)
-        elif isinstance(dev, torch.device):
+        elif isinstance(dev, _DEVICE):
             if dev.type != "cuda":
                 return dev
             index = dev.index
@@ -89,7 +91,7 @@ class DeviceMapper:
 
 def _spell(dev: Any) -> str:
     """'cuda:0' for torch.device('cuda', 0): how users write it."""
-    return repr(str(dev)) if isinstance(dev, torch.device) else repr(dev)
+    return repr(str(dev)) if isinstance(dev, _DEVICE) else repr(dev)
 
 
 def _index_of(spec: str) -> int | None:
@@ -114,7 +116,7 @@ def _wrap_device_kwarg(orig: Callable, mapper: DeviceMapper, label: str) -> Call
 
 
 def _looks_like_device(arg: Any) -> bool:
-    return type(arg) is str or isinstance(arg, torch.device) or (type(arg) is int)
+    return type(arg) is str or isinstance(arg, _DEVICE) or (type(arg) is int)
 
 
 def apply(session: Any) -> DeviceMapper:
@@ -125,9 +127,10 @@ def apply(session: Any) -> DeviceMapper:
     if mapper.type == "cuda":
         return mapper  # real CUDA: nothing to redirect
     T = torch.Tensor
-    from . import dataflow, device_context
+    from . import dataflow, device_context, device_ordinal
 
     device_context.apply(session, mapper, _spell)  # before any factory is wrapped
+    device_ordinal.apply(session, mapper)
 
     for name in FACTORIES:
         fn = getattr(torch, name, None)
@@ -252,7 +255,7 @@ def _patch_safetensors(p: Any, mapper: DeviceMapper) -> None:
             @functools.wraps(orig)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 dev = kwargs.get("device")
-                if isinstance(dev, (str, int, torch.device)) and (mapper.is_cuda(dev) or type(dev) is int):
+                if isinstance(dev, (str, int, _DEVICE)) and (mapper.is_cuda(dev) or type(dev) is int):
                     kwargs["device"] = str(mapper.map(dev, f"{label}(device={_spell(dev)})", ints=True))
                 return orig(*args, **kwargs)
 
@@ -296,7 +299,7 @@ def _patch_load(p: Any, mapper: DeviceMapper) -> None:
     def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
         if map_location is None:
             map_location = cuda_location
-        elif isinstance(map_location, (str, torch.device)):
+        elif isinstance(map_location, (str, _DEVICE)):
             map_location = mapper.map(map_location, f"torch.load(map_location={_spell(map_location)})")
         elif isinstance(map_location, dict):
             table = {k: v for k, v in map_location.items()}
