@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import types
 
 import pytest
@@ -42,6 +43,8 @@ NAMESPACES = {
     "DataLoader": torch.utils.data.DataLoader,
     "DDP": torch.nn.parallel.DistributedDataParallel,
     "data_parallel": data_parallel,
+    "torch.nn.parallel": torch.nn.parallel,
+    "torch.nn.parallel.data_parallel (module)": sys.modules["torch.nn.parallel.data_parallel"],
     "torch.nn.attention": torch.nn.attention,
     "profile": profiler_mod.profile,
     "autograd.profile": autograd_profiler.profile,

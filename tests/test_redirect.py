@@ -65,7 +65,7 @@ def test_redirect_log_records_user_call_sites_once_each():
     assert (e.file, e.line, e.count, e.became) == (HERE, line, 3, "cpu")
     assert e.function == "test_redirect_log_records_user_call_sites_once_each"
     payload = session.redirect_log.to_json()
-    assert payload["schema"] == "torch-adapter.redirect-log" and payload["version"] == 1
+    assert payload["schema"] == "torch-adapter.redirect-log" and payload["version"] == 2
     assert any(r["line"] == line and r["asked"] == "Tensor.cuda()" for r in payload["entries"])
 
 

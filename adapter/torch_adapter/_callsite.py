@@ -14,7 +14,7 @@ import sys
 import sysconfig
 from typing import Any
 
-__all__ = ["user_frame", "user_site"]
+__all__ = ["user_frame", "user_site", "site_frames"]
 
 _SKIP: tuple[str, ...] | None = None
 
@@ -73,3 +73,50 @@ def user_site(depth: int = 1) -> dict[str, Any] | None:
             return {"file": frame.f_code.co_filename, "line": frame.f_lineno, "function": frame.f_code.co_name}
         frame = frame.f_back
     return None
+
+
+_LIBS: tuple[str, ...] | None = None
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Where installed packages live (site-packages): code there is a library, not the user's."""
+    global _LIBS
+    if _LIBS is None:
+        import site
+
+        dirs = set(getattr(site, "getsitepackages", lambda: [])())
+        dirs.add(site.getusersitepackages())
+        paths = sysconfig.get_paths()
+        dirs |= {paths["purelib"], paths["platlib"]}
+        _LIBS = tuple(os.path.abspath(d) + os.sep for d in dirs if d)
+    return _LIBS
+
+
+def _frame_kind(path: str) -> str:
+    """"user", "library" (an installed package other than torch, torch_adapter, IPython...) or "skip"."""
+    if path.startswith("<"):
+        return "user" if _is_user(path) else "skip"
+    full = os.path.abspath(path)
+    if full.startswith(_library_dirs()):
+        stdlib = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+        tools = tuple(d for d in _skip_dirs() if d != stdlib)
+        return "skip" if full.startswith(tools) else "library"
+    return "user" if _is_user(path) else "skip"
+
+
+def site_frames(depth: int = 1) -> tuple[Any, Any]:
+    """``(site, library)`` above the caller: ``site`` is the innermost frame of the user's own
+    code (the script or notebook cell, not an installed package); ``library`` is the innermost
+    installed-package frame when the call came through one (transformers calling ``.to``), else
+    None. With no user frame on the stack the library frame is the site (library None)."""
+    frame = _frame(depth + 1)
+    last, library = frame, None
+    while frame is not None:
+        kind = _frame_kind(frame.f_code.co_filename)
+        if kind == "user":
+            return frame, library
+        if kind == "library" and library is None:
+            library = frame
+        last = frame
+        frame = frame.f_back
+    return (library, None) if library is not None else (last, None)

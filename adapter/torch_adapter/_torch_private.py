@@ -22,6 +22,33 @@ def cuda_device_count() -> int:
     return int(torch._C._cuda_getDeviceCount())
 
 
+__all__ += ["device_context_class", "device_constructors", "reset_device_constructors"]
+
+
+def device_context_class() -> type:
+    """``torch.utils._device.DeviceContext``: what ``with torch.device(d):`` and
+    ``torch.set_default_device(d)`` push (a TorchFunctionMode that fills in ``device=``)."""
+    from torch.utils import _device
+
+    return _device.DeviceContext
+
+
+def device_constructors() -> set[Any]:
+    """The factories DeviceContext fills in ``device=`` for: torch's lru-cached
+    ``torch.utils._device._device_constructors()``, built at its first call from the torch
+    attributes of that moment (so it must be built while they are torch's own)."""
+    from torch.utils import _device
+
+    return _device._device_constructors()
+
+
+def reset_device_constructors() -> None:
+    """Forget the cached factory set; the next use rebuilds it from the current attributes."""
+    from torch.utils import _device
+
+    _device._device_constructors.cache_clear()
+
+
 # --- routing ------------------------------------------------------------------------
 # The routing engine (torch_adapter.routing) reads the dispatcher, the decomposition table
 # and registers Python kernels below autograd. torch >= 2.9 has everything used here

@@ -32,6 +32,8 @@ class Patcher:
         self._saved: dict[tuple[int, str], tuple[Any, str, bool, Any]] = {}
         self._order: list[tuple[int, str]] = []
         self._env: dict[str, str | None] = {}
+        self._after: list[Any] = []
+        self._items: list[tuple[Any, Any, Any]] = []
 
     def __len__(self) -> int:
         return len(self._saved)
@@ -58,6 +60,13 @@ class Patcher:
         setattr(owner, name, value)
         return self._saved[key][3]
 
+    def set_item(self, mapping: Any, key: Any, value: Any) -> None:
+        """``mapping[key] = value`` (a registry dict such as ``copyreg.dispatch_table``),
+        restorable: the old value is put back, or the key removed if it was absent."""
+        if not any(m is mapping and k == key for m, k, _ in self._items):
+            self._items.append((mapping, key, mapping.get(key, MISSING)))
+        mapping[key] = value
+
     def set_env(self, name: str, value: str | None) -> None:
         """Set (or with ``None`` unset) an environment variable, restorable."""
         if name not in self._env:
@@ -67,8 +76,14 @@ class Patcher:
         else:
             os.environ[name] = value
 
+    def after_restore(self, fn: Any) -> None:
+        """Run ``fn()`` once :meth:`restore` has put every attribute back (newest first):
+        for caches that torch built from the patched attributes and must rebuild."""
+        self._after.append(fn)
+
     def restore(self) -> None:
-        """Undo every patch, newest first; the environment as it was."""
+        """Undo every patch, newest first; the environment as it was; then the
+        :meth:`after_restore` callbacks."""
         for key in reversed(self._order):
             owner, name, had_own, original = self._saved[key]
             if had_own:
@@ -82,12 +97,21 @@ class Patcher:
                     setattr(owner, name, original)
         self._saved.clear()
         self._order.clear()
+        for mapping, key, old in reversed(self._items):
+            if old is MISSING:
+                mapping.pop(key, None)
+            else:
+                mapping[key] = old
+        self._items.clear()
         for name, value in self._env.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
         self._env.clear()
+        after, self._after = self._after, []
+        for fn in reversed(after):
+            fn()
 
 
 def _own_dict(owner: Any) -> Any:

@@ -80,20 +80,20 @@ def apply(session: Any) -> None:
     def map_type(device_type: Any) -> Any:
         return target_type if isinstance(device_type, str) and device_type.startswith("cuda") else device_type
 
-    for owner in (torch.amp, autocast_mode):
-        for name in ("custom_fwd", "custom_bwd"):
-            orig = getattr(owner, name, None)
-            if orig is None:
-                continue
+    orig_fwd, orig_bwd = autocast_mode.custom_fwd, autocast_mode.custom_bwd
 
-            def make(orig: Any) -> Any:
-                @functools.wraps(orig)
-                def deco(*args: Any, device_type: str = "cuda", **kwargs: Any) -> Any:
-                    return orig(*args, device_type=map_type(device_type), **kwargs)
+    @functools.wraps(orig_fwd)
+    def custom_fwd(fwd: Any = None, *, device_type: str, cast_inputs: Any = None) -> Any:
+        return orig_fwd(fwd, device_type=map_type(device_type), cast_inputs=cast_inputs)
 
-                return deco
+    @functools.wraps(orig_bwd)
+    def custom_bwd(bwd: Any = None, *, device_type: str) -> Any:
+        return orig_bwd(bwd, device_type=map_type(device_type))
 
-            p.set(owner, name, make(orig))
+    for owner in (torch.amp, autocast_mode):  # the module and its re-export (the same functions)
+        for name, orig, new in (("custom_fwd", orig_fwd, custom_fwd), ("custom_bwd", orig_bwd, custom_bwd)):
+            if getattr(owner, name, None) is orig:
+                p.set(owner, name, new)
 
     # torch.is_autocast_enabled("cuda") and co. take a device type (no argument = CUDA).
     for name in ("is_autocast_enabled", "get_autocast_dtype", "is_autocast_available"):
@@ -117,11 +117,17 @@ def apply(session: Any) -> None:
             continue
 
         def make_setter(orig: Any) -> Any:
+            # torch's overloads: (device_type, value) and the deprecated (value) meaning CUDA;
+            # forwarded as called, with a CUDA device type mapped.
             @functools.wraps(orig)
-            def setter(*args: Any) -> Any:
-                if len(args) == 2:
-                    return orig(map_type(args[0]), args[1])
-                return orig(target_type, *args)
+            def setter(*args: Any, **kwargs: Any) -> Any:
+                if "device_type" in kwargs:
+                    kwargs["device_type"] = map_type(kwargs["device_type"])
+                elif len(args) + len(kwargs) == 2:
+                    args = (map_type(args[0]), *args[1:])
+                else:
+                    return orig(target_type, *args, *kwargs.values())
+                return orig(*args, **kwargs)
 
             return setter
 
@@ -148,14 +154,14 @@ def _patch_profiler(session: Any, target_type: str) -> None:
     orig_init = profiler_mod.profile.__init__
 
     @functools.wraps(orig_init)
-    def init(self: Any, *args: Any, activities: Any = None, **kwargs: Any) -> None:
+    def init(self: Any, *, activities: Any = None, **kwargs: Any) -> None:
         if activities is not None and ProfilerActivity.CUDA in activities:
             activities = [a for a in activities if a != ProfilerActivity.CUDA]
             if replacement is not None and replacement not in activities:
                 activities.append(replacement)
             log.record("profiler", "ProfilerActivity.CUDA",
                        str(replacement) if replacement is not None else "CPU activity only", depth=3)
-        orig_init(self, *args, activities=activities, **kwargs)
+        orig_init(self, activities=activities, **kwargs)
 
     p.set(profiler_mod.profile, "__init__", init)
 

@@ -14,6 +14,7 @@ the same names), so ``import torch.cuda as tc`` made before install sees them to
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import platform
 import time
@@ -92,7 +93,7 @@ class _Event:
     """An event with real timing on the CPU target (host clock at record time)."""
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
-                 **kwargs: Any) -> None:
+                 external: bool = False) -> None:
         self.enable_timing = enable_timing
         self._t: int | None = None
 
@@ -146,6 +147,10 @@ def _unsupported(name: str, original: Any) -> Any:
     annotations, ``isinstance`` checks and subclassing keep working); only making one raises."""
     why = TABLE[name][1]
 
+    # Any call raises the reason (even one torch would refuse with a TypeError: "unsupported
+    # here" is what the user needs to know first); introspection sees the original's parameters.
+    sig = _signature(original)
+
     def fail(*args: Any, **kwargs: Any) -> Any:
         raise UnsupportedCudaFeature(format_error(
             f"torch.cuda.{name}", "a CUDA device", "a torch_adapter target without CUDA",
@@ -160,13 +165,23 @@ def _unsupported(name: str, original: Any) -> Any:
                 return issubclass(sub, original)
 
         def __new__(cls: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807
-            return fail()
+            return fail(*args, **kwargs)
 
         return _Meta(name, (), {"__new__": __new__, "__doc__": f"torch.cuda.{name}: unsupported off CUDA ({why}).",
-                                "__module__": "torch.cuda", "__torch_adapter_original__": original})
+                                "__module__": "torch.cuda", "__torch_adapter_original__": original,
+                                "__signature__": sig})
     fail.__name__ = name
     fail.__qualname__ = name
+    fail.__signature__ = sig  # type: ignore[attr-defined]
     return fail
+
+
+def _signature(fn: Any) -> inspect.Signature | None:
+    """How ``fn`` is called (a class: its constructor), or None when it has no Python signature."""
+    try:
+        return inspect.signature(fn) if fn is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 class StandIn:
@@ -248,7 +263,7 @@ class StandIn:
         ns["ipc_collect"] = lambda: None
         ns["get_allocator_backend"] = lambda: "native"
         ns["caching_allocator_enable"] = lambda value=True: None
-        ns["caching_allocator_disabled"] = contextlib.nullcontext
+        ns["caching_allocator_disabled"] = lambda: contextlib.nullcontext()
         ns["list_gpu_processes"] = lambda device=None: f"torch_adapter target {self.target.label}: process {os.getpid()}"
         ns["is_current_stream_capturing"] = lambda: False
         ns["make_graphed_callables"] = _eager_graphed_callables(m)
@@ -264,8 +279,8 @@ class StandIn:
             ns["set_stream"] = lambda stream: None
 
             @contextlib.contextmanager
-            def stream(s: Any) -> Any:
-                yield s
+            def stream(stream: Any) -> Any:
+                yield stream
 
             ns["stream"] = stream
 
@@ -319,7 +334,7 @@ class StandIn:
             "memory_stats": lambda device=None: hm.stats(),
             "memory_stats_as_nested_dict": lambda device=None: _nest(hm.stats()),
             "memory_summary": lambda device=None, abbreviated=False: hm.summary(),
-            "memory_snapshot": lambda *a, **k: [],
+            "memory_snapshot": lambda mempool_id=None, include_traces=True: [],
             "device_memory_used": lambda device=None: hm.reserved(),
             "host_memory_stats": lambda: {},
             "host_memory_stats_as_nested_dict": lambda: {},
@@ -364,7 +379,8 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
 
 
 def _eager_graphed_callables(mapper: Any) -> Callable[..., Any]:
-    def make_graphed_callables(callables: Any, sample_args: Any, *args: Any, **kwargs: Any) -> Any:
+    def make_graphed_callables(callables: Any, sample_args: Any, num_warmup_iters: int = 3,
+                               allow_unused_input: bool = False, pool: Any = None) -> Any:
         mapper.log.record("namespace", "torch.cuda.make_graphed_callables", "eager (no graph capture)", depth=3)
         return callables
 
@@ -422,5 +438,5 @@ def apply(session: Any) -> None:
     if profiler_mod is not None:
         p.set(profiler_mod, "start", lambda: None)
         p.set(profiler_mod, "stop", lambda: None)
-        p.set(profiler_mod, "profile", contextlib.nullcontext)
+        p.set(profiler_mod, "profile", lambda: contextlib.nullcontext())
 

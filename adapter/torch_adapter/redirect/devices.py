@@ -23,6 +23,8 @@ import torch
 
 __all__ = ["DeviceMapper", "apply"]
 
+_DEVICE = type(torch.device("cpu"))  # the C type (while installed the name torch.device is a stand-in)
+
 # torch.<name> functions that take device= (keyword-only in their schemas).
 FACTORIES = (
     "empty", "empty_permuted", "empty_strided", "zeros", "ones", "full", "arange", "range",
@@ -58,7 +60,7 @@ class DeviceMapper:
     def is_cuda(self, dev: Any) -> bool:
         if type(dev) is str:
             return dev.startswith("cuda")
-        if isinstance(dev, torch.device):
+        if isinstance(dev, _DEVICE):
             return dev.type == "cuda"
         return False
 
@@ -73,7 +75,7 @@ class DeviceMapper:
             if not dev.startswith("cuda"):
                 return dev
             index = _index_of(dev)
-        elif isinstance(dev, torch.device):
+        elif isinstance(dev, _DEVICE):
             if dev.type != "cuda":
                 return dev
             index = dev.index
@@ -89,7 +91,7 @@ class DeviceMapper:
 
 def _spell(dev: Any) -> str:
     """'cuda:0' for torch.device('cuda', 0): how users write it."""
-    return repr(str(dev)) if isinstance(dev, torch.device) else repr(dev)
+    return repr(str(dev)) if isinstance(dev, _DEVICE) else repr(dev)
 
 
 def _index_of(spec: str) -> int | None:
@@ -114,7 +116,7 @@ def _wrap_device_kwarg(orig: Callable, mapper: DeviceMapper, label: str) -> Call
 
 
 def _looks_like_device(arg: Any) -> bool:
-    return type(arg) is str or isinstance(arg, torch.device) or (type(arg) is int)
+    return type(arg) is str or isinstance(arg, _DEVICE) or (type(arg) is int)
 
 
 def apply(session: Any) -> DeviceMapper:
@@ -125,6 +127,10 @@ def apply(session: Any) -> DeviceMapper:
     if mapper.type == "cuda":
         return mapper  # real CUDA: nothing to redirect
     T = torch.Tensor
+    from . import dataflow, device_context, device_ordinal
+
+    device_context.apply(session, mapper, _spell)  # before any factory is wrapped
+    device_ordinal.apply(session, mapper)
 
     for name in FACTORIES:
         fn = getattr(torch, name, None)
@@ -149,6 +155,7 @@ def apply(session: Any) -> DeviceMapper:
         return orig_to(self, *args, **kwargs)
 
     p.set(T, "to", functools.wraps(orig_to)(to))
+    _patch_module_to(p, mapper)
 
     def cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False,
              memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:
@@ -190,61 +197,44 @@ def apply(session: Any) -> DeviceMapper:
             mapper.log.record("device", f"Tensor.type({name!r})", f"{cpu_name} on {new}", depth=3)
             return orig_to(orig_type(self, cpu_name), new, non_blocking=non_blocking)
         if dtype is None:
-            return orig_type(self)
+            return orig_type(self, **kwargs) if kwargs else orig_type(self)
         return orig_type(self, dtype, non_blocking, **kwargs)
 
     p.set(T, "type", type_)
 
     orig_record_stream = T.record_stream
 
-    def record_stream(self: torch.Tensor, stream: Any) -> None:
-        if isinstance(stream, torch.Stream) or type(stream).__module__.startswith("torch"):
-            if not getattr(stream, "__torch_adapter_stream__", False):
-                return orig_record_stream(self, stream)
+    def record_stream(self: torch.Tensor, s: Any) -> None:  # torch names the parameter ``s``
+        if isinstance(s, torch.Stream) or type(s).__module__.startswith("torch"):
+            if not getattr(s, "__torch_adapter_stream__", False):
+                return orig_record_stream(self, s)
         return None  # the CPU target's streams are synchronous: nothing to record
 
     p.set(T, "record_stream", record_stream)
 
-    # with torch.device("cuda"): / torch.set_default_device("cuda") both build a DeviceContext.
-    from torch.utils import _device as device_mod
-
-    orig_ctx_init = device_mod.DeviceContext.__init__
-
-    def ctx_init(self: Any, device: Any) -> None:
-        orig_ctx_init(self, mapper.map(device, f"with torch.device({_spell(device)})", ints=True))
-
-    p.set(device_mod.DeviceContext, "__init__", ctx_init)
-
-    orig_set_default = torch.set_default_device
-
-    @functools.wraps(orig_set_default)
-    def set_default_device(device: Any) -> None:
-        return orig_set_default(mapper.map(device, f"torch.set_default_device({_spell(device)})", ints=True))
-
-    p.set(torch, "set_default_device", set_default_device)
-
-    orig_set_default_tensor_type = torch.set_default_tensor_type
-
-    @functools.wraps(orig_set_default_tensor_type)
-    def set_default_tensor_type(t: Any) -> None:
-        name = getattr(t, "__torch_adapter_legacy__", t)
-        if isinstance(name, str) and name.startswith("torch.cuda."):
-            cpu_name = "torch." + name[len("torch.cuda."):]
-            mapper.log.record("device", f"set_default_tensor_type({name!r})", cpu_name, depth=3)
-            orig_set_default_tensor_type(cpu_name)
-            if not mapper.on_cpu:
-                torch.set_default_device(mapper.device(None))
-            return None
-        return orig_set_default_tensor_type(t)
-
-    p.set(torch, "set_default_tensor_type", set_default_tensor_type)
-
     _patch_generator(p, mapper)
     _patch_load(p, mapper)
     _patch_storages(p, mapper)
-    _patch_data(p, mapper, session)
+    dataflow.apply(p, mapper)
     _patch_safetensors(p, mapper)
     return mapper
+
+
+def _patch_module_to(p: Any, mapper: DeviceMapper) -> None:
+    """``Module.to(0)`` / ``.to(device=0)``: torch parses an int as "accelerator 0" before any
+    tensor moves (an error on a machine without one), so the device is mapped here first."""
+    orig = torch.nn.Module.to
+
+    @functools.wraps(orig)
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if args and (type(args[0]) is int or mapper.is_cuda(args[0])):
+            args = (mapper.map(args[0], f"Module.to({_spell(args[0])})", ints=True), *args[1:])
+        dev = kwargs.get("device")
+        if dev is not None and (type(dev) is int or mapper.is_cuda(dev)):
+            kwargs["device"] = mapper.map(dev, f"Module.to(device={_spell(dev)})", ints=True)
+        return orig(self, *args, **kwargs)
+
+    p.set(torch.nn.Module, "to", to)
 
 
 def _patch_safetensors(p: Any, mapper: DeviceMapper) -> None:
@@ -265,7 +255,7 @@ def _patch_safetensors(p: Any, mapper: DeviceMapper) -> None:
             @functools.wraps(orig)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 dev = kwargs.get("device")
-                if isinstance(dev, (str, int, torch.device)) and (mapper.is_cuda(dev) or type(dev) is int):
+                if isinstance(dev, (str, int, _DEVICE)) and (mapper.is_cuda(dev) or type(dev) is int):
                     kwargs["device"] = str(mapper.map(dev, f"{label}(device={_spell(dev)})", ints=True))
                 return orig(*args, **kwargs)
 
@@ -309,13 +299,16 @@ def _patch_load(p: Any, mapper: DeviceMapper) -> None:
     def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
         if map_location is None:
             map_location = cuda_location
-        elif isinstance(map_location, (str, torch.device)):
+        elif isinstance(map_location, (str, _DEVICE)):
             map_location = mapper.map(map_location, f"torch.load(map_location={_spell(map_location)})")
         elif isinstance(map_location, dict):
             table = {k: v for k, v in map_location.items()}
 
             def from_dict(storage: Any, location: str) -> Any:
-                return cuda_location(storage, str(table.get(location, location)))
+                loc = str(table.get(location, location))
+                if loc.startswith("cuda") or loc == location:
+                    return cuda_location(storage, loc)  # None: torch restores `location` itself
+                return torch.serialization.default_restore_location(storage, loc)
 
             mapper.log.record("device", "torch.load(map_location={...})", str(mapper.device(None)), depth=3)
             map_location = from_dict
@@ -333,35 +326,13 @@ def _patch_load(p: Any, mapper: DeviceMapper) -> None:
 
 
 def _patch_storages(p: Any, mapper: DeviceMapper) -> None:
-    for cls in (torch.UntypedStorage, torch.TypedStorage):
-        def storage_cuda(self: Any, device: Any = None, non_blocking: bool = False, _cls: Any = cls) -> Any:
+    def make(cls: type) -> Any:
+        def cuda(self: Any, device: Any = None, non_blocking: bool = False) -> Any:
             dev = mapper.device(device if type(device) is int else None)
-            mapper.log.record("device", f"{_cls.__name__}.cuda()", str(dev), depth=3)
+            mapper.log.record("device", f"{cls.__name__}.cuda()", str(dev), depth=3)
             return self if dev.type == "cpu" else self.to(device=dev, non_blocking=non_blocking)
 
-        p.set(cls, "cuda", storage_cuda)
+        return cuda
 
-
-def _patch_data(p: Any, mapper: DeviceMapper, session: Any) -> None:
-    from torch.nn.parallel import data_parallel
-    from torch.utils.data import DataLoader
-
-    orig_init = DataLoader.__init__
-
-    @functools.wraps(orig_init)
-    def dl_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        if kwargs.get("pin_memory_device"):
-            mapper.log.record("dataloader", f"DataLoader(pin_memory_device={kwargs['pin_memory_device']!r})",
-                              "the current accelerator (torch's default)", depth=3)
-            kwargs["pin_memory_device"] = ""
-        if kwargs.get("pin_memory") and mapper.on_cpu:
-            mapper.log.record("dataloader", "DataLoader(pin_memory=True)", "pin_memory=False (CPU target)", depth=3)
-            kwargs["pin_memory"] = False
-        orig_init(self, *args, **kwargs)
-
-    p.set(DataLoader, "__init__", dl_init)
-
-    # nn.DataParallel asks torch._utils which device type is available; answer for the target
-    # (None on the CPU, where DataParallel runs the module as it is).
-    device_type = None if mapper.on_cpu else mapper.type
-    p.set(data_parallel, "_get_available_device_type", lambda: device_type)
+    for cls in (torch.UntypedStorage, torch.TypedStorage):
+        p.set(cls, "cuda", make(cls))

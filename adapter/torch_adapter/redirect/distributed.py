@@ -124,7 +124,7 @@ def _patch_ddp(session: Any) -> None:
 
     def map_id(d: Any) -> Any:
         new = mapper.map(d, "DDP(device_ids)", ints=True)
-        return new.index if isinstance(new, torch.device) and new.index is not None else new
+        return new.index if isinstance(new, type(torch.device("cpu"))) and new.index is not None else new
 
     @functools.wraps(orig_init)
     def ddp_init(self: Any, module: Any, device_ids: Any = None, output_device: Any = None, *args: Any,

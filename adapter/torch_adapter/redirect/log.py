@@ -2,8 +2,11 @@
 
 One row per (call site, what was asked): ``file:line``, the request (``Tensor.cuda()``,
 ``device='cuda:1'``, ``init_process_group('nccl')``), what it became (``cpu``, ``gloo``),
-and how often. Finding the call site walks the stack only when a redirection really
-happens; a row is created once per distinct site and counted afterwards.
+and how often. The site is the line in the user's own code (script or notebook); when the
+request came from inside an installed library (transformers calling ``.to("cuda")``), the
+library's line is kept beside it (``library``). Finding the call site walks the stack only
+when a redirection really happens; a row is created once per distinct site and counted
+afterwards. JSON schema ``torch-adapter.redirect-log`` version 2 (docs/redirect.md).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .._callsite import user_frame
+from .._callsite import site_frames
 
 __all__ = ["RedirectLog", "RedirectEntry", "redirect_log"]
 
@@ -27,21 +30,26 @@ class RedirectEntry:
     asked: str
     became: str
     count: int = 1
+    library: dict[str, Any] | None = None  # {"file", "line", "function"} of the library frame
 
     @property
     def site(self) -> str:
         return f"{self.file}:{self.line}"
 
+    @property
+    def library_site(self) -> str | None:
+        return f"{self.library['file']}:{self.library['line']}" if self.library else None
+
     def as_dict(self) -> dict[str, Any]:
         return {"file": self.file, "line": self.line, "function": self.function, "kind": self.kind,
-                "asked": self.asked, "became": self.became, "count": self.count}
+                "asked": self.asked, "became": self.became, "count": self.count, "library": self.library}
 
 
 class RedirectLog:
     """Rows of redirections, first occurrence of each (site, request), with counts."""
 
     def __init__(self) -> None:
-        self._rows: dict[tuple[str, int, str], RedirectEntry] = {}
+        self._rows: dict[tuple[Any, ...], RedirectEntry] = {}
         self._lock = threading.Lock()
         self.enabled = True
 
@@ -49,22 +57,24 @@ class RedirectLog:
         if not self.enabled:
             return
         try:
-            frame = user_frame(depth - 1)  # depth counts from record()'s caller
+            frame, lib = site_frames(depth - 1)  # depth counts from record()'s caller
             code = frame.f_code
-            key = (code.co_filename, frame.f_lineno, asked)
+            lib_at = (lib.f_code.co_filename, lib.f_lineno) if lib is not None else None
+            key = (code.co_filename, frame.f_lineno, asked, lib_at)
             row = self._rows.get(key)
             if row is not None:
                 row.count += 1
                 return
+            library = None if lib is None else {"file": lib_at[0], "line": lib_at[1], "function": lib.f_code.co_name}
             with self._lock:
                 self._rows.setdefault(key, RedirectEntry(code.co_filename, frame.f_lineno, code.co_name,
-                                                         kind, asked, became, 0)).count += 1
+                                                         kind, asked, became, 0, library)).count += 1
         except Exception:  # the log must never break user code
             return
 
     def note(self, kind: str, asked: str, became: str) -> None:
         """A redirection with no call site (environment variables, install-time choices)."""
-        key = ("<install>", 0, asked)
+        key = ("<install>", 0, asked, None)
         with self._lock:
             self._rows.setdefault(key, RedirectEntry("<install>", 0, "", kind, asked, became, 0)).count += 1
 
@@ -84,7 +94,7 @@ class RedirectLog:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": "torch-adapter.redirect-log", "version": 1,
+        return {"schema": "torch-adapter.redirect-log", "version": 2,
                 "entries": [e.as_dict() for e in self.entries()]}
 
     def render(self, title: str = "torch_adapter: redirected") -> Any:
@@ -95,8 +105,10 @@ class RedirectLog:
         for col in ("site", "asked", "became", "count"):
             table.add_column(col, overflow="fold", justify="right" if col == "count" else "left")
         for e in self.entries():
-            site = e.site if e.file != "<install>" else "(install)"
-            table.add_row(_short(site), e.asked, e.became, str(e.count))
+            site = _short(e.site) if e.file != "<install>" else "(install)"
+            if e.library_site:
+                site += f" (via {_short_library(e.library['file'])}:{e.library['line']})"
+            table.add_row(site, e.asked, e.became, str(e.count))
         return table
 
     def __rich__(self) -> Any:
@@ -109,6 +121,16 @@ def _short(path: str) -> str:
     except ValueError:
         return path
     return rel if not rel.startswith("..") else path
+
+
+def _short_library(path: str) -> str:
+    """``transformers/modeling_utils.py`` for a file under site-packages."""
+    from .._callsite import _library_dirs
+
+    for root in _library_dirs():
+        if path.startswith(root):
+            return path[len(root):]
+    return _short(path)
 
 
 _last_log: list[RedirectLog] = []

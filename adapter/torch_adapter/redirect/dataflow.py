@@ -1,0 +1,73 @@
+"""Data movement around the model: DataLoader pinning and ``nn.DataParallel``.
+
+``DataLoader(pin_memory=True, pin_memory_device="cuda")``: no pinning on the CPU target
+(pinning needs an accelerator), torch's current accelerator elsewhere. ``nn.DataParallel``
+asks ``torch._utils._get_available_device_type()`` through the module
+``torch.nn.parallel.data_parallel`` (addressed by its import path: the attribute of that name
+on ``torch.nn.parallel`` is the *function* ``data_parallel``); it answers for the target, so
+on the CPU ``DataParallel(model).cuda()`` runs the module as it is, forward and backward.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+__all__ = ["apply"]
+
+
+def apply(p: Any, mapper: Any) -> None:
+    import torch.nn.parallel.data_parallel  # noqa: F401 - loads the module patched below
+    from torch.utils.data import DataLoader
+
+    orig_init = DataLoader.__init__
+
+    @functools.wraps(orig_init)
+    def dl_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("pin_memory_device"):
+            mapper.log.record("dataloader", f"DataLoader(pin_memory_device={kwargs['pin_memory_device']!r})",
+                              "the current accelerator (torch's default)", depth=3)
+            kwargs["pin_memory_device"] = ""
+        if kwargs.get("pin_memory") and mapper.on_cpu:
+            mapper.log.record("dataloader", "DataLoader(pin_memory=True)", "pin_memory=False (CPU target)", depth=3)
+            kwargs["pin_memory"] = False
+        orig_init(self, *args, **kwargs)
+
+    p.set(DataLoader, "__init__", dl_init)
+
+    # nn.DataParallel asks torch._utils which device type is available; answer for the target
+    # (None on the CPU, where DataParallel runs the module as it is).
+    # The module by its import path: ``torch.nn.parallel.data_parallel`` is the *function* of
+    # that name (re-exported by torch/nn/parallel/__init__.py), which shadows the module.
+    device_type = None if mapper.on_cpu else mapper.type
+    dp_module = sys.modules["torch.nn.parallel.data_parallel"]
+    orig_available = dp_module._get_available_device_type
+
+    @functools.wraps(orig_available)
+    def _get_available_device_type() -> str | None:
+        return device_type
+
+    p.set(dp_module, "_get_available_device_type", _get_available_device_type)
+    if device_type is None:
+        _patch_functional_data_parallel(p, mapper, dp_module)
+
+
+def _patch_functional_data_parallel(p: Any, mapper: Any, dp_module: Any) -> None:
+    """``nn.parallel.data_parallel(module, inputs, device_ids)`` needs an accelerator type; on
+    the CPU target it runs the module on its inputs, as ``nn.DataParallel`` does there."""
+    import torch.nn.parallel as parallel
+
+    orig = dp_module.data_parallel
+
+    @functools.wraps(orig)
+    def data_parallel(module: Any, inputs: Any, device_ids: Any = None, output_device: Any = None, dim: int = 0,
+                      module_kwargs: Any = None) -> Any:
+        mapper.log.record("device", "data_parallel(...)", "module(*inputs) (CPU target)", depth=3)
+        if not isinstance(inputs, tuple):
+            inputs = (inputs,) if inputs is not None else ()
+        return module(*inputs, **(module_kwargs or {}))
+
+    p.set(dp_module, "data_parallel", data_parallel)
+    if getattr(parallel, "data_parallel", None) is orig:
+        p.set(parallel, "data_parallel", data_parallel)

@@ -1,0 +1,72 @@
+"""torch's device-context machinery under the adapter, and after it.
+
+``with torch.device(d):``, ``torch.set_default_device(d)``, accelerate's
+``init_empty_weights`` and transformers' ``from_pretrained`` (which builds every model under
+``torch.device("meta")``) all push ``torch.utils._device.DeviceContext``, a
+TorchFunctionMode that fills in ``device=`` for the functions in
+``_device_constructors()``. That set is ``lru_cache``d and built at its first use *from the
+torch attributes of that moment*. If it were first built while the factory wrappers of
+:mod:`.devices` stand in ``torch.empty`` & co., it would hold the wrappers; the mode receives
+torch's own functions (the wrappers call them), so it would no longer recognise any
+factory — meta init, default devices and ``with torch.device`` would silently stop working,
+and keep not working after ``uninstall()``.
+
+So, before any factory is wrapped, :func:`apply` clears the cache and builds it from
+torch's own functions; the mode then recognises every factory while installed (a wrapper
+hands the mode torch's function, with the device already mapped). ``uninstall()`` clears it
+again once the attributes are back, so it is rebuilt from them at its next use, whatever
+happened in between. ``DeviceContext(device)`` maps CUDA devices (and int ordinals) to the
+target, so ``with torch.device("cuda"):`` and ``set_default_device("cuda")`` land there.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from .. import _torch_private as tp
+
+__all__ = ["apply"]
+
+
+def apply(session: Any, mapper: Any, spell: Any) -> None:
+    """Patch DeviceContext and the default-device setters; must run before factories are wrapped."""
+    p = session.patcher
+    tp.reset_device_constructors()
+    tp.device_constructors()  # built now, from torch's own factories
+    p.after_restore(tp.reset_device_constructors)
+
+    ctx_cls = tp.device_context_class()
+    orig_ctx_init = ctx_cls.__init__
+
+    @functools.wraps(orig_ctx_init)
+    def __init__(self: Any, device: Any) -> None:  # noqa: N807 - the method it stands for
+        orig_ctx_init(self, mapper.map(device, f"with torch.device({spell(device)})", ints=True))
+
+    p.set(ctx_cls, "__init__", __init__)
+
+    orig_set_default = torch.set_default_device
+
+    @functools.wraps(orig_set_default)
+    def set_default_device(device: Any) -> None:
+        return orig_set_default(mapper.map(device, f"torch.set_default_device({spell(device)})", ints=True))
+
+    p.set(torch, "set_default_device", set_default_device)
+
+    orig_set_default_tensor_type = torch.set_default_tensor_type
+
+    @functools.wraps(orig_set_default_tensor_type)
+    def set_default_tensor_type(t: Any, /) -> None:
+        name = getattr(t, "__torch_adapter_legacy__", t)
+        if isinstance(name, str) and name.startswith("torch.cuda."):
+            cpu_name = "torch." + name[len("torch.cuda."):]
+            mapper.log.record("device", f"set_default_tensor_type({name!r})", cpu_name, depth=3)
+            orig_set_default_tensor_type(cpu_name)
+            if not mapper.on_cpu:
+                torch.set_default_device(mapper.device(None))
+            return None
+        return orig_set_default_tensor_type(t)
+
+    p.set(torch, "set_default_tensor_type", set_default_tensor_type)

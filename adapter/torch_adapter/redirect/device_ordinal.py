@@ -1,0 +1,62 @@
+"""``torch.device(0)``: an int ordinal means CUDA device 0, as it does on a CUDA machine.
+
+On a torch without an accelerator the C constructor refuses an int ("Cannot access
+accelerator device when none is available") before any use site could map it, and
+libraries call it themselves: transformers' ``from_pretrained(device_map="auto")`` runs
+``torch.device(0)`` on every int of the device map, accelerate does the same in
+``set_module_tensor_to_device``. ``torch.device`` is a C type (it can be neither subclassed
+nor patched), so the *name* ``torch.device`` gets a stand-in class while installed:
+
+- calling it with one int gives ``torch.device("cuda", i)`` — the real C object, mapped to
+  the target where it is used, like ``torch.device("cuda:0")``; every other call is
+  forwarded unchanged, so ``torch.device("meta")`` and ``with torch.device(...)`` are torch's;
+- ``isinstance(d, torch.device)`` and ``issubclass`` answer for the C type; attributes of the
+  class (``torch.device.type``) are the C type's;
+- pickling a device writes ``torch.device`` exactly as torch does (a ``copyreg`` entry,
+  removed at uninstall), so files and child processes never depend on the adapter.
+
+Limits (docs/redirect.md): ``type(d) is torch.device`` is False while installed; a
+``torch.device(...)`` call inside a ``torch.compile``d function is a graph break.
+"""
+
+from __future__ import annotations
+
+import copyreg
+from typing import Any
+
+import torch
+
+__all__ = ["apply"]
+
+
+def apply(session: Any, mapper: Any) -> None:
+    p = session.patcher
+    CDevice = type(torch.device("cpu"))  # noqa: N806 - the C type, whatever the name holds now
+
+    class _DeviceMeta(type):
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, CDevice)
+
+        def __subclasscheck__(cls, sub: type) -> bool:
+            return issubclass(sub, CDevice)
+
+        def __getattr__(cls, name: str) -> Any:
+            return getattr(CDevice, name)
+
+        def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+            if len(args) == 1 and not kwargs and type(args[0]) is int:
+                dev = CDevice("cuda", args[0])
+                mapper.log.record("device", f"torch.device({args[0]})", f"{mapper.device(args[0])} (where it is used)",
+                                  depth=3)
+                return dev
+            return CDevice(*args, **kwargs)
+
+    device = _DeviceMeta("device", (), {"__module__": "torch", "__qualname__": "device", "__doc__": CDevice.__doc__,
+                                        "__torch_adapter_original__": CDevice})
+
+    def reduce(dev: Any) -> tuple[Any, tuple[Any, ...]]:
+        # what torch's own __reduce__ gives, with the class looked up by name as pickle does
+        return device, (dev.type,) if dev.index is None else (dev.type, dev.index)
+
+    p.set(torch, "device", device)
+    p.set_item(copyreg.dispatch_table, CDevice, reduce)

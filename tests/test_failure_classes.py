@@ -1,0 +1,224 @@
+"""One distilled case per class of failure seen in real CUDA-written programs (issue 16).
+
+Each test runs the behaviour a real program relies on (where a tensor lands, whether a
+forward/backward runs), under the adapter and after it, rather than checking attributes.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils import _device
+
+import torch_adapter
+
+
+# --- torch's device context (torch.utils._device) -------------------------------------------
+def _fresh_constructor_cache():
+    """As in a fresh interpreter: torch has not built its factory set yet."""
+    _device._device_constructors.cache_clear()
+
+
+def _context_devices() -> dict[str, str]:
+    out = {}
+    with torch.device("meta"):
+        out["meta empty"] = torch.empty(2).device.type
+        out["meta zeros"] = torch.zeros(2, 3).device.type
+        out["meta arange"] = torch.arange(3).device.type
+        out["meta tensor"] = torch.tensor([1.0]).device.type
+        out["meta Linear"] = nn.Linear(2, 2).weight.device.type
+    torch.set_default_device("meta")
+    try:
+        out["default randn"] = torch.randn(2).device.type
+        out["default full"] = torch.full((2,), 1.0).device.type
+    finally:
+        torch.set_default_device(None)
+    out["plain"] = torch.ones(1).device.type
+    return out
+
+
+EXPECTED = {"meta empty": "meta", "meta zeros": "meta", "meta arange": "meta", "meta tensor": "meta",
+            "meta Linear": "meta", "default randn": "meta", "default full": "meta", "plain": "cpu"}
+
+
+@pytest.mark.parametrize("built_before_install", [False, True])
+def test_device_context_works_during_and_after_install(built_before_install):
+    assert _context_devices() == EXPECTED
+    if not built_before_install:
+        _fresh_constructor_cache()
+    torch_adapter.install("cpu")
+    assert _context_devices() == EXPECTED
+    with torch.device("cuda"):
+        assert torch.empty(1).device.type == "cpu"
+    torch_adapter.uninstall()
+    assert _context_devices() == EXPECTED
+    assert not any(getattr(f, "__torch_adapter_original__", None) for f in _device._device_constructors())
+
+
+def test_factory_set_first_built_while_installed_holds_torchs_own_functions():
+    _fresh_constructor_cache()
+    torch_adapter.install("cpu")
+    try:
+        cached = _device._device_constructors()
+        assert torch.empty is not torch.empty.__wrapped__  # wrapped now
+        assert torch.empty.__wrapped__ in cached and torch.empty not in cached
+    finally:
+        torch_adapter.uninstall()
+    assert torch.empty in _device._device_constructors()
+
+
+# --- nn.DataParallel on the host ------------------------------------------------------------
+def test_data_parallel_cuda_runs_forward_and_backward_on_the_host():
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1))
+    x = torch.randn(5, 4)
+    expected = plain(x).sum()
+    expected.backward()
+    grads = [p.grad.clone() for p in plain.parameters()]
+    plain.zero_grad()
+
+    torch_adapter.install("cpu")
+    model = nn.DataParallel(plain).cuda()
+    model_ids = nn.DataParallel(plain, device_ids=[0], output_device=0).cuda()
+    for m in (model, model_ids):
+        out = m(x.cuda()).sum()
+        out.backward()
+        assert out.device.type == "cpu" and torch.equal(out, expected)
+        assert all(torch.equal(p.grad, g) for p, g in zip(plain.parameters(), grads))
+        plain.zero_grad()
+    from torch.nn.parallel import data_parallel
+
+    assert torch.equal(data_parallel(plain, x.cuda(), device_ids=[0]).sum(), expected)
+
+
+def test_data_parallel_patch_is_on_the_module_not_the_function():
+    session = torch_adapter.install("cpu")
+    module = sys.modules["torch.nn.parallel.data_parallel"]
+    assert session.patcher.is_patched(module, "_get_available_device_type")
+    assert "_get_available_device_type" not in vars(torch.nn.parallel.data_parallel)  # the function
+
+
+# --- integer device ordinals ----------------------------------------------------------------
+INT_CALLS = {
+    "Tensor.to(0)": lambda: torch.ones(2).to(0),
+    "Tensor.to(device=0)": lambda: torch.ones(2).to(device=0),
+    "Tensor.to(0, float16)": lambda: torch.ones(2).to(0, torch.float16),
+    "Tensor.cuda(0)": lambda: torch.ones(2).cuda(0),
+    "Module.to(0)": lambda: nn.Linear(2, 2).to(0).weight,
+    "Module.to(device=0)": lambda: nn.Linear(2, 2).to(device=0).weight,
+    "Module.to(0, dtype)": lambda: nn.Linear(2, 2).to(0, torch.float64).weight,
+    "Module.cuda(0)": lambda: nn.Linear(2, 2).cuda(0).weight,
+    "torch.zeros(device=0)": lambda: torch.zeros(2, device=0),
+    "torch.tensor(device=0)": lambda: torch.tensor([1, 2], device=0),
+    "ones_like(device=0)": lambda: torch.ones_like(torch.ones(2), device=0),
+    "new_zeros(device=0)": lambda: torch.ones(2).new_zeros(3, device=0),
+    "Module.to_empty(device=0)": lambda: nn.Linear(2, 2).to_empty(device=0).weight,
+    "Generator(device=0)": lambda: torch.randn(2, generator=torch.Generator(device=0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INT_CALLS))
+def test_int_ordinals_mean_the_target(name):
+    with pytest.raises(RuntimeError, match="accelerator"):
+        INT_CALLS[name]()  # without the adapter: "Cannot access accelerator device ..."
+    torch_adapter.install("cpu")
+    assert INT_CALLS[name]().device.type == "cpu"
+
+
+def test_default_device_int_ordinal():
+    torch_adapter.install("cpu")
+    torch.set_default_device(0)
+    try:
+        assert torch.empty(1).device.type == "cpu"
+    finally:
+        torch.set_default_device(None)
+
+
+# --- the redirect log names the user's line -------------------------------------------------
+def test_redirect_from_inside_a_library_names_the_users_line_and_the_library_line():
+    from accelerate.utils import send_to_device
+
+    session = torch_adapter.install("cpu")
+    send_to_device(torch.ones(2), "cuda")
+    line = sys._getframe().f_lineno - 1
+    torch.ones(2).cuda()  # line + 2
+    rows = {e.asked: e for e in session.redirect_log.entries()}
+    via = rows["Tensor.to('cuda')"]
+    assert (via.file, via.line) == (__file__, line)
+    assert via.library["file"].endswith("accelerate/utils/operations.py")
+    assert via.as_dict()["library"] == via.library
+    direct = rows["Tensor.cuda()"]
+    assert (direct.line, direct.library) == (line + 2, None)
+    from rich.console import Console
+
+    console = Console(width=300, record=True)
+    console.print(session.redirect_log.render())
+    assert f"test_failure_classes.py:{line} (via accelerate/utils/operations.py:" in console.export_text()
+
+
+# --- meta-device init of a transformers model (from_pretrained) ------------------------------
+@pytest.fixture(scope="module")
+def tiny_clip(tmp_path_factory):
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    cfg = CLIPTextConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, max_position_embeddings=12, bos_token_id=0, eos_token_id=2,
+                         pad_token_id=1)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("clip")
+    CLIPTextModel(cfg).save_pretrained(path)
+    return path
+
+
+def _load_clip(path, **kwargs):
+    from transformers import CLIPTextModel
+
+    return CLIPTextModel.from_pretrained(path, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"low_cpu_mem_usage": True}, {"device_map": {"": 0}},
+                                    {"device_map": "auto"}, {"device_map": 0}],
+                         ids=["default", "low_cpu_mem_usage", "device_map={'':0}", "device_map=auto", "device_map=0"])
+def test_from_pretrained_under_the_adapter_matches_an_eager_load(tiny_clip, kwargs):
+    eager = _load_clip(tiny_clip).eval()
+    ids = torch.tensor([[0, 5, 9, 33, 2]])
+    expected = eager(ids).last_hidden_state
+    _fresh_constructor_cache()  # as in a fresh `torch-adapter run`: first built while installed
+    torch_adapter.install("cpu")
+    model = _load_clip(tiny_clip, **kwargs).eval()
+    buffers = dict(model.named_buffers())
+    for name, buf in eager.named_buffers():
+        assert torch.equal(buffers[name], buf), name  # position_ids: not garbage
+    for name, param in eager.named_parameters():
+        assert torch.equal(dict(model.named_parameters())[name], param), name
+    assert torch.equal(model(ids.cuda()).last_hidden_state, expected)
+    torch_adapter.uninstall()
+    again = _load_clip(tiny_clip).eval()  # after uninstall: torch's meta init still works
+    assert torch.equal(again.embeddings.position_ids, eager.embeddings.position_ids)
+
+
+def test_torch_device_int_means_cuda_ordinal_and_pickles_as_torchs():
+    import copy
+    import copyreg
+    import pickle
+
+    c_device = torch.device
+    plain = pickle.dumps([torch.device("cuda", 0), torch.device("cpu")])
+    with pytest.raises(RuntimeError, match="accelerator"):
+        torch.device(0)
+    torch_adapter.install("cpu")
+    dev = torch.device(0)
+    assert type(dev) is c_device and dev == c_device("cuda", 0)  # the real object, mapped where used
+    assert isinstance(dev, torch.device) and issubclass(c_device, torch.device)
+    assert torch.zeros(1, device=torch.device(1)).device.type == "cpu"
+    assert nn.Linear(2, 2).to(torch.device(0)).weight.device.type == "cpu"
+    assert torch.device("meta").type == "meta" and torch.device("cuda", 1).index == 1
+    assert pickle.dumps([torch.device("cuda", 0), torch.device("cpu")]) == plain  # files never name the adapter
+    assert copy.deepcopy(dev) == dev and pickle.loads(plain)[0] == dev
+    torch_adapter.uninstall()
+    assert torch.device is c_device and c_device not in copyreg.dispatch_table
+    with pytest.raises(RuntimeError, match="accelerator"):
+        torch.device(0)
