@@ -36,9 +36,15 @@ def activate() -> None:
     _ACTIVATED = True
     try:
         settings = json.loads(raw) if raw.strip().startswith("{") else {"target": raw}
+        from torch_adapter import _child_report, _exit_guard
         from torch_adapter.session import install
 
-        install(**settings)
+        child = {key: settings.pop(key) for key in _child_report.CHILD_KEYS if key in settings}
+        session = install(**settings)
+        if child and session.config.propagate:  # grandchildren announce themselves too
+            session.patcher.set_env(ENV_VAR, raw)
+        _child_report.start(child, session)
+        _exit_guard.arm_at_shutdown("this adapted process")
     except Exception as exc:  # never break the child's start-up: say why and go on
         print(
             f"torch_adapter: could not adapt this child process ({type(exc).__name__}: {exc}); "

@@ -51,7 +51,7 @@ def _run(args: argparse.Namespace) -> int:
 
     return run_script(args.script, args.args, module=args.module, target=args.target, simulate=args.simulate,
                       report=args.report, report_json=args.report_json, amp_dtype=args.amp_dtype,
-                      fallback=args.fallback)
+                      fallback=args.fallback, exit_guard=True)
 
 
 def _add_targets(sub: Any) -> None:

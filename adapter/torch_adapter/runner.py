@@ -99,11 +99,21 @@ def _script_problem(script: str) -> str | None:
 
 def run_script(script: str, args: list[str], *, module: bool = False, target: str = "auto",
                simulate: bool = False, report: bool = False, report_json: str | None = None,
-               **options: Any) -> int:
-    """Run ``script`` (a path, or a module name with ``module=True``) adapted; return its exit code."""
+               exit_guard: bool = False, **options: Any) -> int:
+    """Run ``script`` (a path, or a module name with ``module=True``) adapted; return its exit code.
+
+    ``script`` may also be a launcher command (``accelerate``, ``torchrun``, …; see _launchers).
+    ``exit_guard=True`` (the CLI) bounds the process's exit once the script has ended (_exit_guard).
+    """
     from .errors import AdapterError
     from .session import install
 
+    if not module and not os.path.isfile(script) and not script.endswith(".py"):
+        from ._launchers import find
+
+        how = find(script)
+        if how is not None:
+            return _run_launcher([script, *args], how, target, simulate, report, report_json, options)
     problem = None if module else _script_problem(script)
     if problem is not None:
         print(problem, file=sys.stderr)
@@ -119,9 +129,11 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
         print(msg if msg.startswith("torch-adapter") else f"torch-adapter run: {msg}", file=sys.stderr)
         return EXIT_USAGE
 
-    tracer = None
+    tracer = children = None
     if report or report_json:
         from .routing.trace import trace
+
+        children = _announce_children(session)
 
         # the recorder (not the sampling-free C++ observer) so that every op has its call site
         tracer = trace(use_observer=False, threads=True)  # the script's threads are counted too
@@ -150,18 +162,70 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
         if tracer is not None:
             tracer.__exit__(None, None, None)
         if report or report_json:
-            _report(session, log if tracer is not None else None, report, report_json)
+            _report(session, log if tracer is not None else None, report, report_json, children)
+        if exit_guard:
+            from ._exit_guard import arm
+
+            arm(code, f"the script {script}")
     return code
 
 
-def _report(session: Any, log: Any, to_terminal: bool, json_path: str | None) -> None:
+def _announce_children(session: Any) -> str | None:
+    """With --report, adapted child processes (mp.spawn ranks, …) write their own reports to a folder."""
+    if not session.config.propagate:
+        return None
+    from ._autoinstall import ENV_VAR, encode
+    from ._child_report import new_folder
+
+    folder = new_folder()
+    session.patcher.set_env(ENV_VAR, encode({**session.settings(), "announce": folder, "report": True}))
+    return folder
+
+
+def _run_launcher(argv: list[str], how: Any, target: str, simulate: bool, report: bool, report_json: str | None,
+                  options: dict[str, Any]) -> int:
+    """The launcher runs unadapted here; the settings its Python children install with are validated first."""
+    from ._launchers import run_launcher
+    from .errors import AdapterError
+    from .session import install, uninstall
+
+    try:
+        if report_json:  # checked before anything runs, as for a script
+            from ._safe_io import check_output
+
+            report_json = str(check_output(report_json, call="torch-adapter run --report-json"))
+        settings = install(target, simulate=simulate, propagate=True, **options).settings()
+    except AdapterError as exc:
+        print(f"torch-adapter run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        uninstall()
+    return run_launcher(argv, how, settings, report=report, report_json=report_json)
+
+
+def _rank_title() -> str:
+    """" (rank R of W)" inside a multi-process job (torchrun, accelerate launch), else ""."""
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    return f" (rank {rank} of {world}, pid {os.getpid()})" if rank and world and world != "1" else ""
+
+
+def _report(session: Any, log: Any, to_terminal: bool, json_path: str | None, children: str | None = None) -> None:
     import json
+    import shutil
 
     from rich.console import Console
 
+    from . import _child_report
+
+    records = _child_report.collect(children) if children else []
+    if children:
+        shutil.rmtree(children, ignore_errors=True)
+    reported = _child_report.reported(records)
     if json_path:
         payload = log.to_dict() if log is not None else {}
         payload["redirects"] = session.redirect_log.to_json()["entries"]
+        if reported:
+            payload = _child_report.merged_payload(records, payload)
         from ._safe_io import OutputError, write_text
 
         try:
@@ -170,6 +234,13 @@ def _report(session: Any, log: Any, to_terminal: bool, json_path: str | None) ->
             print(exc, file=sys.stderr)
     if to_terminal:
         console = Console(file=sys.stderr, width=None if sys.stderr.isatty() else 140)
-        console.print(session.redirect_log.render(f"torch_adapter: redirected to {session.target.label}"))
-        if log is not None:
+        parent_ran_ops = log is not None and len(log) > 0
+        if not reported or parent_ran_ops or len(session.redirect_log):
+            console.print(session.redirect_log.render(
+                f"torch_adapter{_rank_title()}: redirected to {session.target.label}"))
+        if log is not None and (parent_ran_ops or not reported):
             console.print(log)
+        elif reported:
+            console.print(f"torch_adapter: this process ran no ops itself; {len(reported)} adapted child "
+                          f"process(es) did:")
+        _child_report.render(records, console)

@@ -9,6 +9,7 @@
 - :mod:`.compiling`    ``torch.compile`` CUDA-graph modes → their no-graph equivalents
 - :mod:`.distributed`  "nccl" → the target's collective backend, DDP device ids
 - :mod:`.env`          CUDA environment variables → the target's
+- :mod:`.probes`       third-party availability probes (flash-attn, xformers…) answered for the target
 - :mod:`.log`          the redirect log (call sites)
 
 :func:`apply_all` installs them on a session's Patcher, in that order; the session's
@@ -23,7 +24,7 @@ __all__ = ["apply_all"]
 
 
 def apply_all(session: Any) -> None:
-    from . import amp, compiling, cuda_ns, devices, distributed, env
+    from . import amp, compiling, cuda_ns, devices, distributed, env, probes
     from .log import remember
     from .._autoinstall import ENV_VAR, encode
 
@@ -35,5 +36,6 @@ def apply_all(session: Any) -> None:
     compiling.apply(session)
     distributed.apply(session)
     env.apply(session)
+    probes.apply(session)
     if session.config.propagate:
         session.patcher.set_env(ENV_VAR, encode(session.settings()))

@@ -1,0 +1,181 @@
+"""What adapted child processes did, for the ``torch-adapter run`` that started them.
+
+``run --report`` (and a launcher run, ``torch-adapter run accelerate launch …``) adds two
+keys to the settings that ``TORCH_ADAPTER_AUTOINSTALL`` carries to child processes:
+``announce`` (a private folder) and ``report`` (record ops). Every child the ``.pth`` hook
+adapts writes ``<folder>/<pid>.json`` when it starts (so the parent knows what was
+adapted) and again at exit with its label (``rank 0`` from ``RANK`` or the process group,
+else ``pid N``), its routing log and its redirects. The parent reads them back with
+:func:`collect` and prints one report per process, labelled, plus the merged totals
+(:func:`render`, :func:`merged_payload`). DataLoader workers are counted, not reported.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+__all__ = ["CHILD_KEYS", "new_folder", "start", "collect", "label", "render", "merged_payload"]
+
+CHILD_KEYS = ("announce", "report")
+
+
+def new_folder() -> str:
+    return tempfile.mkdtemp(prefix="torch-adapter-run-")
+
+
+def _rank() -> int | None:
+    raw = os.environ.get("RANK")
+    if raw is not None and raw.strip().isdigit():
+        return int(raw)
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:  # noqa: BLE001 - a label is never worth an error
+        pass
+    return None
+
+
+def label(record: dict[str, Any]) -> str:
+    if record.get("rank") is not None:
+        world = record.get("world_size")
+        return f"rank {record['rank']}" + (f" of {world}" if world else "") + f" (pid {record['pid']})"
+    return f"pid {record['pid']}" + (f" ({record['role']})" if record.get("role") not in (None, "main") else "")
+
+
+def _write(folder: str, record: dict[str, Any]) -> None:
+    from ._safe_io import write_text
+
+    write_text(os.path.join(folder, f"{record['pid']}.json"), json.dumps(record),
+               call="torch_adapter: a child process's exit report")
+
+
+def _role() -> str:
+    try:
+        from torch.utils.data import get_worker_info
+
+        if get_worker_info() is not None:
+            return "DataLoader worker"
+    except Exception:  # noqa: BLE001
+        pass
+    return "main"
+
+
+def start(options: dict[str, Any], session: Any) -> None:
+    """In an adapted child: announce it, record its ops if asked, and write the report at exit."""
+    folder = options.get("announce")
+    if not folder or not os.path.isdir(folder):
+        return
+    record: dict[str, Any] = {"pid": os.getpid(), "ppid": os.getppid(), "argv": list(sys.argv), "state": "started",
+                              "rank": None, "role": "main", "target": session.target.label}
+    _write(folder, record)
+    tracer = log = None
+    if options.get("report"):
+        from .routing.trace import trace
+
+        tracer = trace(use_observer=False)
+        log = tracer.__enter__()
+
+    def finish() -> None:
+        if not os.path.isdir(folder):  # the run that asked has ended (a helper process outliving it)
+            return
+        try:
+            if tracer is not None:
+                tracer.__exit__(None, None, None)
+            world = os.environ.get("WORLD_SIZE")
+            record.update(state="finished", argv=list(sys.argv), rank=_rank(), role=_role(),
+                          world_size=int(world) if world and world.isdigit() else None)
+            if log is not None and record["role"] == "main":
+                record["routing"] = log.to_dict()
+                record["redirects"] = session.redirect_log.to_json()["entries"]
+            _write(folder, record)
+        except Exception as exc:  # noqa: BLE001 - instrumentation never breaks the user's exit
+            print(f"torch_adapter: could not write this process's report ({type(exc).__name__}: {exc})",
+                  file=sys.stderr)
+
+    atexit.register(finish)
+
+
+def collect(folder: str) -> list[dict[str, Any]]:
+    """The records the children wrote, ranks first (in order), then by pid."""
+    out = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if name.endswith(".json"):
+            try:
+                with open(os.path.join(folder, name)) as fh:
+                    out.append(json.load(fh))
+            except (OSError, ValueError):
+                continue
+    return sorted(out, key=lambda r: (r.get("rank") is None, r.get("rank") or 0, r["pid"]))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reported(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if "routing" in r]
+
+
+def merged_payload(records: list[dict[str, Any]], parent: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One routing log (schema torch-adapter.routing-log) over the parent and every child, plus per process."""
+    from .routing.log import RoutingLog
+
+    logs = [RoutingLog.from_dict(r["routing"]) for r in reported(records)]
+    if parent and parent.get("ops"):
+        logs.insert(0, RoutingLog.from_dict({k: v for k, v in parent.items() if k != "redirects"}))
+    merged = RoutingLog(logs[0].target, logs[0].simulated) if logs else RoutingLog()
+    for one in logs:
+        merged.merge(one)
+    payload = merged.to_dict()
+    payload["redirects"] = [*(parent or {}).get("redirects", []),
+                            *({**e, "process": label(r)} for r in reported(records) for e in r.get("redirects", []))]
+    payload["processes"] = [{"label": label(r), **{k: r.get(k) for k in ("pid", "rank", "role", "argv", "state")},
+                             "summary": r.get("routing", {}).get("summary")} for r in records]
+    return payload
+
+
+def _recorded_redirects(rows: list[dict[str, Any]]) -> Any:
+    """A RedirectLog over rows a child wrote (its ``to_json()["entries"]``), for rendering."""
+    from dataclasses import fields
+
+    from .redirect.log import RedirectEntry, RedirectLog
+
+    names = {f.name for f in fields(RedirectEntry)}
+    entries = [RedirectEntry(**{k: v for k, v in row.items() if k in names}) for row in rows]
+
+    class Recorded(RedirectLog):
+        def entries(self) -> list[RedirectEntry]:
+            return entries
+
+    return Recorded()
+
+
+def render(records: list[dict[str, Any]], console: Any) -> None:
+    """One labelled report per child that recorded ops, then the totals over all of them."""
+    from .routing.log import RoutingLog
+
+    shown = reported(records)
+    total = RoutingLog()
+    for r in shown:
+        console.print(_recorded_redirects(r.get("redirects", [])).render(f"torch_adapter {label(r)}: redirected to {r.get('target', '?')}"))
+        log = RoutingLog.from_dict(r["routing"])
+        total.merge(log)
+        console.print(f"[bold]{label(r)}[/bold]: routing")
+        console.print(log)
+    if len(shown) > 1:
+        s = total.summary()
+        console.print(f"torch_adapter: all {len(shown)} processes together: {s['native']} native · "
+                      f"{s['composite']} composite · {s['fallback']} fallback op calls")

@@ -1,0 +1,103 @@
+"""A bounded exit: once the user's script has ended, the process ends within a timeout.
+
+Armed by ``torch-adapter run`` after the script returned and its report is written, and
+in adapted child processes when their interpreter starts shutting down. If the process
+is still alive ``TORCH_ADAPTER_EXIT_TIMEOUT`` seconds later (default 60; ``0`` waits
+forever) — a non-daemon thread that never ends, an ``atexit`` handler blocked on a lock,
+DataLoader workers that do not join — a message names what is still alive (threads,
+child processes), the child processes are terminated, and the process exits with the
+script's own exit code. A C-level backstop (:func:`faulthandler.dump_traceback_later`)
+ends it 15 s later even when the hang holds the GIL, after dumping every thread's stack.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import threading
+from typing import Any
+
+__all__ = ["ENV_VAR", "DEFAULT_TIMEOUT_S", "timeout_s", "arm", "arm_at_shutdown"]
+
+ENV_VAR = "TORCH_ADAPTER_EXIT_TIMEOUT"
+DEFAULT_TIMEOUT_S = 60.0
+_ARMED: list[Any] = []
+
+
+def timeout_s() -> float:
+    """The exit timeout in seconds from ``TORCH_ADAPTER_EXIT_TIMEOUT`` (0: no bound)."""
+    raw = os.environ.get(ENV_VAR, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        print(f"torch_adapter: {ENV_VAR}={raw!r} is not a number of seconds; using {DEFAULT_TIMEOUT_S:g}. "
+              f"Fix: e.g. {ENV_VAR}=120, or 0 to wait for the process forever.", file=sys.stderr)
+        return DEFAULT_TIMEOUT_S
+    return max(value, 0.0)
+
+
+def _alive() -> str:
+    threads = [t.name for t in threading.enumerate() if t is not threading.current_thread() and t.is_alive()
+               and not t.daemon]
+    children = []
+    try:
+        import multiprocessing
+
+        children = [f"{p.name} (pid {p.pid})" for p in multiprocessing.active_children()]
+    except Exception:  # noqa: BLE001 - a diagnosis must not fail
+        pass
+    parts = []
+    if threads:
+        parts.append("threads: " + ", ".join(threads))
+    if children:
+        parts.append("child processes: " + ", ".join(children))
+    return "; ".join(parts) or "no non-daemon thread or child process (a blocked exit handler)"
+
+
+def _fire(what: str, code: int, seconds: float) -> None:
+    try:
+        print(f"torch_adapter: {what} ended {seconds:g} s ago (exit code {code}) but the process has not exited; "
+              f"still alive: {_alive()}. Ending it now with exit code {code}. "
+              f"Set {ENV_VAR}=0 to wait forever, or a larger number of seconds.", file=sys.stderr, flush=True)
+        import multiprocessing
+
+        for child in multiprocessing.active_children():
+            child.terminate()
+        sys.stdout.flush()
+    except BaseException:  # noqa: BLE001 - we are ending the process either way
+        pass
+    os._exit(code)
+
+
+def arm(code: int, what: str = "the script") -> bool:
+    """Bound the rest of this process's life; returns False when disabled (timeout 0) or armed already."""
+    seconds = timeout_s()
+    if seconds <= 0 or _ARMED:
+        return False
+    timer = threading.Timer(seconds, _fire, args=(what, code, seconds))
+    timer.daemon = True
+    timer.name = "torch-adapter-exit-guard"
+    timer.start()
+    faulthandler.dump_traceback_later(seconds + 15.0, exit=True)
+    _ARMED.append(timer)
+    return True
+
+
+def arm_at_shutdown(what: str) -> None:
+    """In an adapted child: arm when the interpreter starts shutting down (before non-daemon threads are joined)."""
+    def at_shutdown() -> None:  # the exit code is not known yet: 1 when an uncaught exception was printed
+        arm(1 if getattr(sys, "last_value", None) is not None else 0, what)
+
+    register = getattr(threading, "_register_atexit", None)  # runs before threading joins its threads
+    try:
+        if register is not None:
+            register(at_shutdown)
+            return
+    except RuntimeError:  # already shutting down
+        pass
+    import atexit
+
+    atexit.register(at_shutdown)

@@ -1,0 +1,146 @@
+"""``torch-adapter run LAUNCHER …``: a launcher runs unadapted, the processes it starts adapted.
+
+``torch-adapter run accelerate launch train.py`` (or ``torchrun …``, ``deepspeed …``) runs
+the launcher's console script in this process without installing the adapter — the
+launcher counts devices and sets its environment as it would on the host — with
+``TORCH_ADAPTER_AUTOINSTALL`` set, so every Python process it starts is adapted at
+interpreter start (the ``.pth`` hook). Each adapted child announces itself in a private
+folder (:mod:`._child_report`); afterwards the run says what was adapted and what was
+not, and with ``--report`` prints each child's report labelled with its rank.
+
+A command that is not a console script (a shell script, a binary) runs as a subprocess
+with the same environment: only the Python processes it starts are adapted, and the run
+says so before and after. :data:`LAUNCHERS` is the data: the launchers the docs name.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+__all__ = ["LAUNCHERS", "find", "run_launcher"]
+
+# console script -> what it starts (docs/launchers.md)
+LAUNCHERS: dict[str, str] = {
+    "accelerate": "accelerate launch: one Python process per rank (torchrun's agent, or python SCRIPT)",
+    "torchrun": "torchrun: one Python process per rank (torch.distributed.elastic)",
+    "deepspeed": "deepspeed: one Python process per rank (its launcher, then torch.distributed)",
+}
+
+
+def _console_script(name: str) -> Any:
+    from importlib.metadata import entry_points
+
+    found = list(entry_points(group="console_scripts", name=name))
+    return found[0] if found else None
+
+
+def find(command: str) -> tuple[str, Any] | None:
+    """How ``command`` would run: ("console", entry point) or ("exec", path); None when it is not found."""
+    if os.sep in command:
+        return ("exec", command) if os.access(command, os.X_OK) and os.path.isfile(command) else None
+    ep = _console_script(command)
+    if ep is not None and shutil.which(command):
+        return "console", ep
+    path = shutil.which(command)
+    return ("exec", path) if path else None
+
+
+def _say(message: str) -> None:
+    print(f"torch_adapter: {message}", file=sys.stderr, flush=True)
+
+
+def run_launcher(argv: list[str], how: tuple[str, Any], settings: dict[str, Any], *, report: bool,
+                 report_json: str | None) -> int:
+    """Run ``argv`` (the launcher and its arguments) unadapted; its Python children adapted. Its exit code."""
+    from . import _child_report
+    from ._autoinstall import ENV_VAR, encode
+
+    name = os.path.basename(argv[0])
+    kind, what = how
+    if name not in LAUNCHERS:
+        _say(f"{name!r} is not a launcher the adapter knows ({', '.join(LAUNCHERS)}). It runs unadapted; "
+             f"the Python processes it starts in this environment are adapted (TORCH_ADAPTER_AUTOINSTALL); "
+             f"programs that are not Python, or Python without torch_adapter installed, are not.")
+    folder = _child_report.new_folder()
+    old = os.environ.get(ENV_VAR)
+    os.environ[ENV_VAR] = encode({**settings, "announce": folder, "report": bool(report or report_json)})
+    try:
+        code = _run(argv, kind, what)
+    finally:
+        if old is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = old
+    records = _child_report.collect(folder)
+    _summarise(name, records)
+    if report or report_json:
+        _report(records, report, report_json)
+    shutil.rmtree(folder, ignore_errors=True)
+    return code
+
+
+def _run(argv: list[str], kind: str, what: Any) -> int:
+    from .runner import _exit_code
+
+    if kind == "exec":
+        try:
+            return subprocess.call([what, *argv[1:]])
+        except KeyboardInterrupt:
+            return 130
+    old_argv = sys.argv[:]
+    sys.argv = [argv[0], *argv[1:]]
+    try:
+        result = what.load()()
+        return _exit_code(result)
+    except SystemExit as exc:
+        return _exit_code(exc.code)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        sys.argv = old_argv
+
+
+def _summarise(name: str, records: list[dict[str, Any]]) -> None:
+    from ._child_report import alive, label
+
+    if not records:
+        _say(f"{name} started no adapted process: nothing ran on the adapter. The launcher itself runs unadapted; "
+             f"its children are adapted only when they are Python processes of an interpreter with torch_adapter "
+             f"installed, started with this environment (TORCH_ADAPTER_AUTOINSTALL kept). "
+             f"Fix: launch the Python script directly (e.g. torchrun --nproc-per-node 2 -m torch_adapter run "
+             f"train.py), or keep the environment for the children.")
+        return
+    workers = [r for r in records if r.get("role") == "DataLoader worker"]
+    main = [r for r in records if r not in workers]
+    running = [r for r in main if r.get("state") != "finished" and alive(r["pid"])]
+    main = [r for r in main if r not in running]
+    unfinished = [label(r) for r in main if r.get("state") != "finished"]
+    text = ", ".join(label(r) for r in main)
+    extra = f" and {len(workers)} DataLoader worker(s)" if workers else ""
+    _say(f"{name} ran unadapted; adapted {len(main)} process(es): {text}{extra}."
+         + (f" Ended without an exit report (killed or crashed): {', '.join(unfinished)}." if unfinished else "")
+         + (f" Still running (helpers): {', '.join(label(r) for r in running)}." if running else ""))
+
+
+def _report(records: list[dict[str, Any]], to_terminal: bool, json_path: str | None) -> None:
+    import json
+
+    from rich.console import Console
+
+    from . import _child_report
+
+    if json_path:
+        from ._safe_io import OutputError, write_text
+
+        try:
+            write_text(json_path, json.dumps(_child_report.merged_payload(records), indent=1),
+                       call="torch-adapter run --report-json")
+        except OutputError as exc:
+            print(exc, file=sys.stderr)
+    if to_terminal:
+        console = Console(file=sys.stderr, width=None if sys.stderr.isatty() else 140)
+        _child_report.render(records, console)

@@ -1,0 +1,237 @@
+"""Third-party availability probes answered for the target (the table in docs/launchers.md).
+
+Libraries choose their code path with probes such as transformers'
+``is_flash_attn_2_available()`` or diffusers' ``is_xformers_available()``. Where a probe
+would lead to CUDA-only kernels (flash-attn, xformers, bitsandbytes, apex, Triton
+kernels…) on a target that is not a real CUDA device, it answers ``False`` while the
+adapter is installed, so the library takes its portable path (SDPA, the eager kernels).
+Probes whose answer already follows ``torch.cuda`` (accelerate's NVML-based
+``is_cuda_available``) are kept and listed as such.
+
+:data:`PROBES` is the data: one row per (defining module, function). The mechanism below
+patches the function where it is defined and every binding of it that other modules made
+before install (``from .import_utils import is_xformers_available``); modules imported
+later are patched right after they execute, by a meta-path finder removed at uninstall,
+so import-time checks (``if is_xformers_available(): import xformers``) see the answer
+too. Every patch goes through the session's Patcher and is undone by ``uninstall()``.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import inspect
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["Probe", "PROBES", "KEEP", "apply", "patched_probes"]
+
+KEEP: Any = "keep"  # the row documents a probe that needs no patch
+
+
+@dataclass(frozen=True)
+class Probe:
+    module: str  # import path of the module that defines the function
+    name: str
+    answer: Any  # what it returns under the adapter on a non-CUDA target, or KEEP
+    why: str
+
+
+_FA = "flash-attn's kernels are CUDA-only; the model uses torch SDPA"
+_XF = "xformers' memory-efficient attention is CUDA-only; the library uses torch SDPA"
+_BNB = "bitsandbytes quantisation kernels target CUDA; 8/4-bit loading is refused with the library's own message"
+_TRITON = "Triton kernels compile for CUDA/ROCm GPUs only; the eager kernels run"
+_CUDA_EXT = "a CUDA extension package; the library's pure-torch path runs"
+_TF, _DF, _ACC = "transformers.utils.import_utils", "diffusers.utils.import_utils", "accelerate.utils.imports"
+
+PROBES: tuple[Probe, ...] = (
+    # transformers
+    *(Probe(_TF, n, False, _FA) for n in ("is_flash_attn_2_available", "is_flash_attn_3_available",
+                                          "is_flash_attn_4_available", "is_flash_attn_greater_or_equal",
+                                          "is_flash_attn_greater_or_equal_2_10")),
+    Probe(_TF, "is_bitsandbytes_available", False, _BNB),
+    Probe(_TF, "is_apex_available", False, "apex fused optimizers/layernorm are CUDA extensions; torch's run"),
+    Probe(_TF, "is_kernels_available", False, "the Hub kernels are CUDA builds; the model's own layers run"),
+    Probe(_TF, "is_liger_kernel_available", False, _TRITON),
+    Probe(_TF, "is_flash_linear_attention_available", False, _TRITON),
+    Probe(_TF, "is_triton_available", False, _TRITON),
+    Probe(_TF, "is_fbgemm_gpu_available", False, _CUDA_EXT),
+    *(Probe(_TF, n, False, _CUDA_EXT) for n in ("is_mamba_ssm_available", "is_mamba_2_ssm_available",
+                                                "is_causal_conv1d_available")),
+    Probe(_TF, "is_torch_cuda_available", KEEP, "True through the torch.cuda stand-in: the CUDA path, redirected"),
+    # diffusers
+    Probe(_DF, "is_xformers_available", False, _XF),
+    Probe(_DF, "is_xformers_version", False, _XF),
+    Probe(_DF, "is_flash_attn_available", False, _FA),
+    Probe(_DF, "is_flash_attn_3_available", False, _FA),
+    Probe(_DF, "is_flash_attn_version", False, _FA),
+    Probe(_DF, "is_sageattention_available", False, "SageAttention's kernels are CUDA-only; torch SDPA runs"),
+    Probe(_DF, "is_sageattention_version", False, "SageAttention's kernels are CUDA-only; torch SDPA runs"),
+    Probe(_DF, "is_flashinfer_available", False, "FlashInfer's kernels are CUDA-only"),
+    Probe(_DF, "is_bitsandbytes_available", False, _BNB),
+    Probe(_DF, "is_bitsandbytes_version", False, _BNB),
+    Probe(_DF, "is_kernels_available", False, "the Hub kernels are CUDA builds; the model's own layers run"),
+    Probe(_DF, "is_nvidia_modelopt_available", False, "NVIDIA ModelOpt quantisation targets CUDA"),
+    # accelerate
+    Probe(_ACC, "is_bnb_available", False, _BNB),
+    Probe(_ACC, "is_4bit_bnb_available", False, _BNB),
+    Probe(_ACC, "is_8bit_bnb_available", False, _BNB),
+    Probe(_ACC, "is_bitsandbytes_multi_backend_available", False, _BNB),
+    Probe(_ACC, "is_transformer_engine_available", False, "Transformer Engine FP8 kernels are CUDA-only"),
+    Probe(_ACC, "is_transformer_engine_mxfp8_available", False, "Transformer Engine FP8 kernels are CUDA-only"),
+    Probe(_ACC, "is_msamp_available", False, "MS-AMP FP8 is CUDA-only"),
+    Probe(_ACC, "is_fp8_available", False, "FP8 training backends (TE, MS-AMP, torchao float8) need CUDA GPUs"),
+    Probe(_ACC, "is_triton_available", False, _TRITON),
+    Probe(_ACC, "is_cuda_available", KEEP,
+          "its NVML-based check calls torch.cuda.is_available(), which the stand-in answers True"),
+)
+
+
+def _stand_in(original: Callable[..., Any], probe: Probe, state: "_State") -> Callable[..., Any]:
+    answer, asked, log = probe.answer, f"{probe.module.split('.')[0]}.{probe.name}()", state.session.redirect_log
+
+    def probe_answer(*args: Any, **kwargs: Any) -> Any:
+        if not state.live:  # a binding that outlived uninstall(): the library's own answer
+            return original(*args, **kwargs)
+        try:
+            log.record("probe", asked, f"{answer!r}: {probe.why}")
+        except Exception:  # the log must never break the library asking
+            pass
+        return answer
+
+    for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+        setattr(probe_answer, attr, getattr(original, attr, None))
+    probe_answer.__wrapped__ = original  # type: ignore[attr-defined]
+    try:
+        probe_answer.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        pass
+    probe_answer._torch_adapter_probe = probe  # type: ignore[attr-defined]
+    return probe_answer
+
+
+class _State:
+    def __init__(self, session: Any, table: dict[str, list[Probe]]) -> None:
+        self.session, self.table = session, table
+        self.stand_ins: dict[int, Callable[..., Any]] = {}  # id(original) -> stand-in
+        self.live = True
+
+    def patch_module(self, module: Any) -> list[tuple[Any, Callable[..., Any]]]:
+        done = []
+        for probe in self.table.get(module.__name__, ()):
+            original = vars(module).get(probe.name)
+            if original is None or not callable(original) or hasattr(original, "_torch_adapter_probe"):
+                continue
+            stand_in = self.stand_ins.get(id(original))
+            if stand_in is None:
+                stand_in = self.stand_ins[id(original)] = _stand_in(original, probe, self)
+            self.session.patcher.set(module, probe.name, stand_in)
+            done.append((original, stand_in))
+        return done
+
+    def rebind_everywhere(self, pairs: list[tuple[Any, Callable[..., Any]]]) -> None:
+        """Bindings other modules made before install (``from x import is_..._available``)."""
+        by_id = {id(o): (o, s) for o, s in pairs}
+        for module, name, value in _bindings(by_id):
+            if by_id[id(value)][0] is value:
+                self.session.patcher.set(module, name, by_id[id(value)][1])
+
+    def close(self) -> None:
+        """Bindings made while installed (modules imported after install) get the originals back."""
+        self.live = False
+        for name in self.table:
+            if name in sys.modules:
+                _clear_caches(sys.modules[name])
+        by_id = {id(s): s for s in self.stand_ins.values()}
+        for module, name, value in _bindings(by_id):
+            if by_id[id(value)] is value:
+                setattr(module, name, value.__wrapped__)
+
+
+def _clear_caches(module: Any) -> None:
+    """Forget answers a probe cached (``@lru_cache``) before the adapter changed what torch.cuda says."""
+    for value in list(vars(module).values()):
+        for fn in (value, getattr(value, "__wrapped__", None)):
+            clear = getattr(fn, "cache_clear", None)
+            if callable(clear) and getattr(fn, "__module__", None) == module.__name__:
+                clear()
+
+
+def _bindings(by_id: dict[int, Any]) -> list[tuple[Any, str, Any]]:
+    found = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict):
+            found += [(module, name, value) for name, value in list(namespace.items()) if id(value) in by_id]
+    return found
+
+
+class _ProbeFinder(importlib.abc.MetaPathFinder):
+    """Patches a table module right after it first executes (imports after install)."""
+
+    def __init__(self, state: _State) -> None:
+        self.state = state
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in self.state.table:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader, self.state)
+                return spec
+        return None
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, inner: Any, state: _State) -> None:
+        self._inner, self._state = inner, state
+
+    def __getattr__(self, name: str) -> Any:  # get_resource_reader, get_source, is_package …
+        return getattr(self._inner, name)
+
+    def create_module(self, spec: Any) -> Any:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._inner.exec_module(module)
+        if module.__spec__ is not None and isinstance(module.__spec__.loader, _PatchingLoader):
+            module.__spec__.loader = self._inner  # reloads after uninstall use the plain loader
+        module.__loader__ = self._inner
+        if self._state.live:
+            self._state.patch_module(module)
+
+
+def patched_probes(session: Any) -> bool:
+    """Does this session answer the third-party probes (not on a real CUDA target)?"""
+    return not (session.target.device_type == "cuda" and not session.target.simulated)
+
+
+def apply(session: Any) -> None:
+    if not patched_probes(session):
+        return  # on real CUDA every probe's own answer is the right one
+    table: dict[str, list[Probe]] = {}
+    for probe in PROBES:
+        if probe.answer is not KEEP:
+            table.setdefault(probe.module, []).append(probe)
+    state = _State(session, table)
+    pairs = []
+    for name in table:
+        module = sys.modules.get(name)
+        if module is not None:
+            _clear_caches(module)
+            pairs += state.patch_module(module)
+    if pairs:
+        state.rebind_everywhere(pairs)
+    finder = _ProbeFinder(state)
+    sys.meta_path.insert(0, finder)
+
+    def close() -> None:
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+        state.close()
+
+    session.closers.append(close)

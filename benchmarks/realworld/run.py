@@ -1,0 +1,317 @@
+"""Real-program acceptance run: public CUDA-written programs, unchanged, under torch_adapter.
+
+    python benchmarks/realworld/run.py CHECKOUT [CHECKOUT ...] [--torchvision DIR] [--only SUBSTR]
+                                       [--work DIR] [--json PATH] [--timeout S]
+
+Each CHECKOUT is a local git checkout of a public project (recognised by its files:
+diffusers, pytorch/examples, nanoGPT, minGPT, pytorch-image-models). Every case runs the
+project's own entry point with ``python -m torch_adapter run`` (or under ``accelerate
+launch`` / ``torchrun``), on tiny local data and tiny models built from configs
+(fixtures.py; HF_HUB_OFFLINE=1), and prints one ``ok``/``FAIL`` line; the run ends with
+``N passed, M failed`` and writes JSON (default benchmarks/results/realworld.json).
+See README.md here for requirements (torchvision shim, datasets) and the case list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+
+import fixtures  # noqa: E402
+
+PY = sys.executable
+RUN = [PY, "-m", "torch_adapter", "run"]
+TORCHRUN2 = ["torchrun", "--standalone", "--nproc-per-node", "2"]
+ACCEL1 = ["accelerate", "launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
+          "--dynamo_backend", "no"]
+
+REPOS = {  # key -> a file that identifies the checkout
+    "diffusers": "examples/text_to_image/train_text_to_image.py",
+    "examples": "imagenet/main.py",
+    "nanoGPT": "config/train_shakespeare_char.py",
+    "minGPT": "projects/adder/adder.py",
+    "timm": "timm/version.py",
+}
+
+
+@dataclass
+class Case:
+    name: str
+    repo: str
+    build: Callable[[Path, Path], tuple[list[str], Path]]  # (checkout, work) -> (argv, cwd)
+    check: Callable[[Path, str], str | None] = lambda work, out: None  # error text or None
+    timeout: int = 900
+    extra_path: bool = False  # the checkout itself on PYTHONPATH (timm)
+    env: dict = field(default_factory=dict)
+
+
+# -- diffusers: examples/text_to_image/train_text_to_image.py -------------------------------------------------------
+T2I = "examples/text_to_image/train_text_to_image.py"
+
+
+def _t2i_args(work: Path, *extra: str) -> list[str]:
+    sd = fixtures.tiny_sd(work.parent / "_tiny_sd")
+    data = fixtures.caption_folder(work.parent / "_captions")
+    return ["--pretrained_model_name_or_path", str(sd), "--train_data_dir", str(data), "--caption_column", "text",
+            "--resolution", "16", "--train_batch_size", "2", "--max_train_steps", "2", "--learning_rate", "1e-4",
+            "--output_dir", str(work / "out"), "--seed", "0", "--dataloader_num_workers", "0",
+            "--checkpointing_steps", "1", "--report_to", "all", *extra]
+
+
+def _t2i_check(work: Path, out: str) -> str | None:
+    outdir = work / "out"
+    for need in ("model_index.json", "unet", "checkpoint-1", "checkpoint-2"):
+        if not (outdir / need).exists():
+            return f"missing {outdir / need}"
+    res = subprocess.run([*RUN, str(HERE / "reload_sd.py"), str(outdir)], capture_output=True, text=True,
+                         env=_env(False, None), timeout=600)
+    if res.returncode != 0 or "reloaded ok" not in res.stdout:
+        return "saved pipeline does not reload: " + _reason(res.stderr)
+    return None
+
+
+def _t2i(name: str, launch: list[str], *extra: str) -> Case:
+    def build(repo: Path, work: Path) -> tuple[list[str], Path]:
+        script = str(repo / T2I)
+        args = _t2i_args(work, *extra)
+        if launch and launch[0] == "torchrun":  # the documented form: torchrun … -m torch_adapter run SCRIPT
+            return [*launch, "-m", "torch_adapter", "run", script, *args], work
+        return [*RUN, *launch, script, *args], work
+    return Case(name, "diffusers", build, _t2i_check, timeout=1200)
+
+
+# -- pytorch/examples ------------------------------------------------------------------------------------------------
+def _mnist(repo: Path, work: Path):
+    fixtures.mnist_raw(work.parent / "data")  # main.py reads ../data
+    return [*RUN, str(repo / "mnist/main.py"), "--epochs", "1", "--batch-size", "16", "--test-batch-size", "16",
+            "--log-interval", "1", "--save-model"], work
+
+
+def _imagenet(mode: str):
+    def build(repo: Path, work: Path):
+        data = fixtures.image_folder(work.parent / "_imagenet", size=40)
+        args = [str(data), "-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "2", "-p", "1"]
+        script = str(repo / "imagenet/main.py")
+        if mode == "dp":  # the script's default path: nn.DataParallel(model).cuda()
+            return [*RUN, script, *args], work
+        if mode == "mpdist":  # its DDP path: mp.spawn one process per device, nccl
+            port = _free_port()
+            return [*RUN, script, *args, "--dist-url", f"tcp://127.0.0.1:{port}", "--dist-backend", "nccl",
+                    "--multiprocessing-distributed", "--world-size", "1", "--rank", "0"], work
+        return [*TORCHRUN2, "-m", "torch_adapter", "run", script, *args, "--dist-url", "env://",
+                "--dist-backend", "nccl"], work  # torchrun 2 ranks, DataLoader workers (the exit-hang case)
+    return build
+
+
+def _dcgan(repo: Path, work: Path):
+    return [*RUN, str(repo / "dcgan/main.py"), "--dataset", "fake", "--accel", "--dry-run", "--batchSize", "8",
+            "--imageSize", "64", "--ngf", "8", "--ndf", "8", "--nz", "16", "--workers", "0", "--niter", "1",
+            "--outf", str(work / "out")], work
+
+
+def _wlm(model: str):
+    def build(repo: Path, work: Path):
+        data = fixtures.text_corpus(work.parent / "_text")
+        return [*RUN, str(repo / "word_language_model/main.py"), "--data", str(data), "--model", model, "--accel",
+                "--epochs", "1", "--emsize", "16", "--nhid", "16", "--nlayers", "1", "--bptt", "8", "--batch_size",
+                "4", "--log-interval", "2", "--save", str(work / "model.pt")], work
+    return build
+
+
+def _ddp_tutorial(repo: Path, work: Path):
+    script = str(repo / "distributed/ddp-tutorial-series/multigpu_torchrun.py")
+    return [*RUN, *TORCHRUN2, script, "2", "1", "--batch_size", "64"], work  # launcher mode: torch-adapter run torchrun
+
+
+# -- nanoGPT ---------------------------------------------------------------------------------------------------------
+def _nanogpt(ranks: int):
+    def build(repo: Path, work: Path):
+        fixtures.nanogpt_chars(work / "data" / "shakespeare_char")  # train.py reads data/<dataset> from cwd
+        args = [str(repo / "config/train_shakespeare_char.py"), "--device=cuda", "--compile=False", "--dtype=float16",
+                "--max_iters=4", "--lr_decay_iters=4", "--eval_interval=2", "--eval_iters=2", "--log_interval=1",
+                "--batch_size=4", "--block_size=32", "--n_layer=2", "--n_head=2", "--n_embd=32",
+                f"--gradient_accumulation_steps={2 * ranks}", "--always_save_checkpoint=True", "--out_dir=out"]
+        script = str(repo / "train.py")
+        if ranks == 1:
+            return [*RUN, script, *args], work
+        return [*TORCHRUN2, "-m", "torch_adapter", "run", script, *args], work
+    return build
+
+
+def _nanogpt_check(work: Path, out: str) -> str | None:
+    return None if (work / "out" / "ckpt.pt").exists() else "no out/ckpt.pt"
+
+
+# -- minGPT ----------------------------------------------------------------------------------------------------------
+def _mingpt(repo: Path, work: Path):
+    return [*RUN, str(repo / "projects/adder/adder.py"), "--trainer.max_iters=30", "--trainer.batch_size=32",
+            "--trainer.num_workers=0", f"--system.work_dir={work / 'out'}"], work
+
+
+# -- timm ------------------------------------------------------------------------------------------------------------
+def _timm(amp: bool, ranks: int = 1):
+    def build(repo: Path, work: Path):
+        data = fixtures.image_folder(work.parent / "_imagenet", size=40)
+        args = ["--data-dir", str(data), "--val-split", "val", "--model", "resnet18", "--num-classes", "2",
+                "--img-size", "32", "-b", "4", "--epochs", "1", "--warmup-epochs", "0", "--sched", "step",
+                "--workers", "1", "--log-interval", "1", "--output", str(work / "out"), "--experiment", "e",
+                "--checkpoint-hist", "1", *(["--amp"] if amp else [])]
+        script = str(repo / "train.py")
+        if ranks == 1:
+            return [*RUN, script, *args], work
+        return [*TORCHRUN2, "-m", "torch_adapter", "run", script, *args], work
+    return build
+
+
+def _expect(pattern: str, path: str | None = None):
+    def check(work: Path, out: str) -> str | None:
+        if path and not (work / path).exists():
+            return f"missing {work / path}"
+        return None if re.search(pattern, out) else f"output lacks /{pattern}/"
+    return check
+
+
+CASES = [
+    _t2i("diffusers t2i: run, fp32, checkpoints, saved + reloaded", [], "--mixed_precision", "no"),
+    _t2i("diffusers t2i: run --mixed_precision fp16 --gradient_checkpointing --use_ema", [],
+         "--mixed_precision", "fp16", "--gradient_checkpointing", "--use_ema"),
+    _t2i("diffusers t2i: torch-adapter run accelerate launch", ACCEL1, "--mixed_precision", "no"),
+    _t2i("diffusers t2i: torchrun 2 ranks", TORCHRUN2, "--mixed_precision", "no"),
+    Case("pytorch/examples mnist (torch.accelerator)", "examples", _mnist, _expect(r"Test set: Average loss",
+                                                                                   "mnist_cnn.pt")),
+    Case("pytorch/examples imagenet resnet18: DataParallel (default path)", "examples", _imagenet("dp"),
+         _expect(r"Acc@1")),
+    Case("pytorch/examples imagenet resnet18: --multiprocessing-distributed (mp.spawn, nccl)", "examples",
+         _imagenet("mpdist"), _expect(r"Acc@1")),
+    Case("pytorch/examples imagenet resnet18: torchrun 2 ranks, DataLoader workers", "examples",
+         _imagenet("torchrun"), _expect(r"Acc@1")),
+    Case("pytorch/examples dcgan --dataset fake --accel", "examples", _dcgan, _expect(r"Loss_D")),
+    Case("pytorch/examples word_language_model LSTM --accel", "examples", _wlm("LSTM"), _expect(r"end of training")),
+    Case("pytorch/examples word_language_model Transformer --accel", "examples", _wlm("Transformer"),
+         _expect(r"end of training")),
+    Case("pytorch/examples ddp-tutorial multigpu_torchrun: torch-adapter run torchrun 2 ranks", "examples",
+         _ddp_tutorial, _expect(r"Training snapshot saved")),
+    Case("nanoGPT train.py float16 AMP + GradScaler", "nanoGPT", _nanogpt(1), _nanogpt_check),
+    Case("nanoGPT train.py torchrun 2 ranks (DDP, nccl)", "nanoGPT", _nanogpt(2), _nanogpt_check),
+    Case("minGPT projects/adder", "minGPT", _mingpt, _expect(r"iter_dt .* iter 20")),
+    Case("timm train.py resnet18 --amp", "timm", _timm(True), _expect(r"Train: 0 .*100%", "out/e"),
+         extra_path=True),
+    Case("timm train.py resnet18 torchrun 2 ranks", "timm", _timm(False, 2), _expect(r"Train: 0"), extra_path=True),
+]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_TV: list[str] = []
+
+
+def _env(extra_path: bool, repo: Path | None, base: Path | None = None) -> dict:
+    paths = [str(HERE / "tv_shim"), *_TV, str(ROOT / "adapter"), str(ROOT / "widgets")]
+    if extra_path and repo is not None:
+        paths.insert(0, str(repo))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
+           "TORCH_ADAPTER_EXIT_TIMEOUT": "60", "PYTHONUNBUFFERED": "1"}
+    if base is not None:
+        env["HF_HOME"] = str(base / "_hf_home")  # no user accelerate config, no cache sharing
+    env.pop("TORCH_ADAPTER_AUTOINSTALL", None)
+    return env
+
+
+def _reason(text: str) -> str:
+    """The most telling line of a failure: the last exception line, else the last line."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b|^torch_adapter: .*(not|no) ", ln):
+            return ln[:300]
+    return (lines[-1] if lines else "no output")[:300]
+
+
+def detect(path: Path) -> str | None:
+    for key, marker in REPOS.items():
+        if (path / marker).is_file():
+            return key
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkouts", nargs="+", type=Path, help="local checkouts of the public projects")
+    ap.add_argument("--torchvision", metavar="DIR", help="a folder with torchvision installed "
+                    "(pip install --no-deps --target DIR torchvision); see README.md")
+    ap.add_argument("--only", action="append", default=[], help="run only cases whose name contains this")
+    ap.add_argument("--work", type=Path, help="work folder (default: a new temporary folder, removed if all pass)")
+    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "realworld.json"))
+    ap.add_argument("--timeout", type=int, help="per-case timeout in seconds (default: per case)")
+    args = ap.parse_args(argv)
+    if args.torchvision:
+        _TV.append(str(Path(args.torchvision).resolve()))
+    repos: dict[str, Path] = {}
+    for path in args.checkouts:
+        key = detect(path.resolve())
+        if key is None:
+            print(f"skip {path}: not a checkout this harness has cases for ({', '.join(REPOS)})")
+        else:
+            repos[key] = path.resolve()
+    work = args.work or Path(tempfile.mkdtemp(prefix="realworld-"))
+    results = []
+    for case in CASES:
+        if case.repo not in repos or (args.only and not any(s in case.name for s in args.only)):
+            continue
+        slug = re.sub(r"[^\w]+", "_", case.name)[:60]
+        cdir = work / slug
+        shutil.rmtree(cdir, ignore_errors=True)
+        cdir.mkdir(parents=True)
+        t0 = time.time()
+        try:
+            cmd, cwd = case.build(repos[case.repo], cdir)
+            res = subprocess.run(cmd, cwd=cwd, env=_env(case.extra_path, repos[case.repo], work),
+                                 capture_output=True, text=True, timeout=args.timeout or case.timeout)
+            out = res.stdout + "\n" + res.stderr
+            error = (f"exit code {res.returncode}: {_reason(res.stderr)}" if res.returncode != 0
+                     else case.check(cdir, out))
+            rc = res.returncode
+        except subprocess.TimeoutExpired as exc:
+            out = (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace")
+            error, rc, cmd = f"timed out after {exc.timeout} s", None, exc.cmd
+        except Exception as exc:  # a fixture failed
+            error, rc, out, cmd = f"harness: {type(exc).__name__}: {exc}", None, "", []
+        (cdir / "output.log").write_text(out)
+        seconds = round(time.time() - t0, 1)
+        print(f"{'ok  ' if error is None else 'FAIL'} {case.name} ({seconds:g} s)"
+              + ("" if error is None else f"\n     {error}\n     log: {cdir / 'output.log'}"), flush=True)
+        results.append({"case": case.name, "repo": case.repo, "ok": error is None, "error": error, "seconds": seconds,
+                        "returncode": rc, "command": [str(c) for c in cmd], "log": str(cdir / "output.log")})
+    passed = sum(r["ok"] for r in results)
+    print(f"{passed} passed, {len(results) - passed} failed")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps({"schema": "torch-adapter.realworld", "version": 1, "passed": passed,
+                                           "failed": len(results) - passed, "checkouts": {k: str(v) for k, v in
+                                                                                         repos.items()},
+                                           "cases": results}, indent=1))
+    print(f"JSON: {args.json}; logs: {work}")
+    return 0 if passed == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

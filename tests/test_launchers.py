@@ -1,0 +1,159 @@
+"""Launchers: accelerate launch / torchrun adapt their ranks; --report shows what each rank did;
+every process exits when its script ends; a launcher the adapter cannot adapt is named.
+
+Real launchers (accelerate 1.15's ``accelerate launch``, torch's ``torchrun``), real gloo
+process groups, fresh interpreters; docs/launchers.md is the user's page for this.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from conftest import run_cli
+
+DDP_SCRIPT = textwrap.dedent("""
+    import os, torch, torch.distributed as dist
+    dist.init_process_group("nccl")                      # CUDA-written: nccl, cuda:LOCAL_RANK
+    rank = dist.get_rank()
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    t = torch.ones(4, device="cuda") * (rank + 1)
+    dist.all_reduce(t)
+    print(f"rank {rank} sum {t[0].item():g} on {t.device.type}", flush=True)
+    dist.destroy_process_group()
+""")
+
+SPAWN_SCRIPT = textwrap.dedent("""
+    import socket, torch, torch.distributed as dist, torch.multiprocessing as mp
+
+    def work(rank, port):
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+        t = torch.ones(3, device=f"cuda:{rank}")
+        dist.all_reduce(t)
+        print("spawned rank", rank, t[0].item(), flush=True)
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+        mp.spawn(work, args=(port,), nprocs=2)
+""")
+
+HANG_SCRIPT = textwrap.dedent("""
+    import threading, torch
+    x = torch.ones(2, device="cuda")
+    threading.Thread(target=threading.Event().wait, name="never-ends").start()   # non-daemon, never joins
+    print("script done", flush=True)
+""")
+
+
+@pytest.fixture
+def scripts(tmp_path):
+    for name, text in {"ddp.py": DDP_SCRIPT, "spawn.py": SPAWN_SCRIPT, "hang.py": HANG_SCRIPT}.items():
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def free_port() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+LAUNCH = {
+    "accelerate": ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                   "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", free_port()],
+    "torchrun": ["torchrun", "--standalone", "--nproc-per-node", "2"],
+}
+
+
+@pytest.mark.parametrize("launcher", ["accelerate", "torchrun"])
+def test_run_launcher_adapts_each_rank_and_reports_per_rank(launcher, scripts):
+    """`torch-adapter run --report LAUNCHER … ddp.py`: ranks adapted, one labelled report each, merged JSON."""
+    out = scripts / "report.json"
+    res = run_cli("run", "--report", "--report-json", str(out), *LAUNCH[launcher], str(scripts / "ddp.py"),
+                  cwd=scripts, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "rank 0 sum 3 on cpu" in res.stdout and "rank 1 sum 3 on cpu" in res.stdout
+    assert f"{launcher} ran unadapted; adapted 2 process(es): rank 0 of 2" in res.stderr
+    for rank in (0, 1):
+        assert f"rank {rank} of 2 (pid" in res.stderr
+    assert "all 2 processes together" in res.stderr
+    assert "0 native · 0 composite" not in res.stderr
+    payload = json.loads(out.read_text())
+    ranks = [p for p in payload["processes"] if p["rank"] is not None]
+    assert sorted(p["rank"] for p in ranks) == [0, 1]
+    per_rank = [p["summary"] for p in ranks]
+    assert all(s["native"] + s["composite"] > 0 for s in per_rank)
+    assert payload["summary"] == {k: sum(s[k] for s in per_rank) for k in ("native", "composite", "fallback")}
+    assert any(e["asked"].startswith("init_process_group") and e["process"].startswith("rank 1") for e in
+               payload["redirects"]), payload["redirects"]
+
+
+def test_accelerate_launch_of_the_adapter_module(scripts):
+    """The other documented form: `accelerate launch … -m torch_adapter run --report ddp.py`, reports labelled."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_ADAPTER_AUTOINSTALL"}
+    res = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", *LAUNCH["accelerate"][2:], "-m",
+                          "torch_adapter", "run", "--report", str(scripts / "ddp.py")], cwd=scripts, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "rank 0 sum 3 on cpu" in res.stdout and "rank 1 sum 3 on cpu" in res.stdout
+    assert "torch_adapter (rank 0 of 2" in res.stderr and "torch_adapter (rank 1 of 2" in res.stderr
+
+
+def test_report_of_a_script_whose_work_runs_in_spawned_children(scripts):
+    """mp.spawn ranks: the parent ran no ops, so the report shows the children, never an empty parent table."""
+    out = scripts / "spawn.json"
+    res = run_cli("run", "--report", "--report-json", str(out), str(scripts / "spawn.py"), cwd=scripts, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("spawned rank") == 2
+    assert "this process ran no ops itself; 2 adapted child process(es) did" in res.stderr
+    assert "0 native · 0 composite" not in res.stderr
+    payload = json.loads(out.read_text())
+    assert payload["summary"]["native"] > 0
+    assert len([p for p in payload["processes"] if p["summary"]]) == 2
+
+
+def test_exit_is_bounded_after_the_script_ends(scripts):
+    """A non-daemon thread that never ends: the process still exits, says what kept it, keeps the exit code."""
+    res = run_cli("run", str(scripts / "hang.py"), env={"TORCH_ADAPTER_EXIT_TIMEOUT": "2"}, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "script done" in res.stdout
+    assert "the script" in res.stderr and "has not exited; still alive: threads: never-ends" in res.stderr
+
+
+def test_exit_of_an_adapted_child_is_bounded_too(scripts):
+    res = run_cli("run", "torchrun", "--standalone", "--nproc-per-node", "1", str(scripts / "hang.py"),
+                  env={"TORCH_ADAPTER_EXIT_TIMEOUT": "2"}, timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "this adapted process ended" in res.stderr and "never-ends" in res.stderr
+
+
+def test_a_wrapper_the_adapter_does_not_know_is_named_with_what_was_adapted(scripts):
+    res = run_cli("run", "bash", "-c", f"python {scripts / 'hang.py'} && echo wrapped-ok",
+                  env={"TORCH_ADAPTER_EXIT_TIMEOUT": "2"}, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "'bash' is not a launcher the adapter knows" in res.stderr
+    assert "bash ran unadapted; adapted 1 process(es): pid" in res.stderr
+    assert "wrapped-ok" in res.stdout
+
+
+def test_a_launcher_that_starts_no_python_child_says_nothing_ran_adapted(scripts):
+    res = run_cli("run", "bash", "-c", "echo not-python", timeout=60)
+    assert res.returncode == 0
+    assert "not-python" in res.stdout
+    assert "bash started no adapted process: nothing ran on the adapter" in res.stderr
+    assert "Fix:" in res.stderr
+
+
+def test_an_unknown_command_is_a_usage_error(scripts):
+    res = run_cli("run", "no-such-launcher-xyz", "train.py", timeout=60)
+    assert res.returncode == 2
+    assert "expected a Python script, got 'no-such-launcher-xyz'" in res.stderr
