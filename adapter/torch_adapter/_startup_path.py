@@ -2,9 +2,10 @@
 
 ``python -m`` puts the working directory first on ``sys.path``; inside a project, a file
 named like one of torch_adapter's dependencies (``rich.py``, ``yaml.py``) would then be
-imported — and run — by the tool. :func:`protect` swaps that entry for the folder holding
-the ``torch_adapter`` package (already on the path), exactly once, before anything else is
-imported. ``torch-adapter run`` still gives the user's script the path Python would
+imported — and run — by the tool. :func:`protect` swaps that entry, before anything else is
+imported, for a folder that does not exist inside the package (so nothing can be imported
+from it, and no installed package is moved ahead of the standard library); the entry stays,
+so code that sets ``sys.path[0]`` (``runner.py``) replaces it as it would the working directory. ``torch-adapter run`` still gives the user's script the path Python would
 (``runner.py``). Only ``os`` and ``sys`` are used: both are loaded before any user file can be.
 """
 
@@ -23,4 +24,4 @@ def protect() -> None:
     except OSError:  # the working directory was removed
         is_cwd = first in ("", os.curdir)
     if is_cwd:
-        sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        sys.path[0] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_nothing_to_import_here")
