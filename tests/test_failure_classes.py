@@ -286,3 +286,30 @@ def test_torch_overrides_tables_first_built_while_installed_are_rebuilt_after():
     assert torch.zeros_like in funcs and wrapper not in funcs
     assert torch.zeros in overrides.get_ignored_functions()
     assert torch.zeros_like in overrides.get_testing_overrides()
+
+
+@pytest.fixture(scope="module")
+def tiny_unet(tmp_path_factory):
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
+                                block_out_channels=(8, 16), down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=8,
+                                attention_head_dim=2, norm_num_groups=4)
+    path = tmp_path_factory.mktemp("unet")
+    unet.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"device_map": {"": 0}}], ids=["low_cpu_mem_usage", "device_map={'':0}"])
+def test_diffusers_from_pretrained_under_the_adapter_matches_an_eager_load(tiny_unet, kwargs):
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(1)
+    x, t, ctx = torch.randn(1, 4, 8, 8), torch.tensor([3]), torch.randn(1, 5, 8)
+    expected = UNet2DConditionModel.from_pretrained(tiny_unet).eval()(x, t, ctx).sample
+    _fresh_constructor_cache()
+    torch_adapter.install("cpu")
+    model = UNet2DConditionModel.from_pretrained(tiny_unet, **kwargs).eval()
+    assert torch.equal(model(x.cuda(), t.cuda(), ctx.cuda()).sample, expected)

@@ -206,3 +206,42 @@ def test_stream_by_keyword_as_a_data_prefetcher_calls_it():
     torch.cuda.current_stream().wait_stream(s)
     x.record_stream(torch.cuda.current_stream())
     assert x.device.type == "cpu"
+
+
+# Names torch's own modules bind from a patched module (``from torch import load``), checked
+# for each patched function: such a copy is patched too, or listed here with why it need not be.
+ALIAS_OK = {
+    "torch._C": "the C bindings themselves (torch.* is their public face)",
+    "torch._C._fft": "the C bindings themselves",
+    "torch.utils.data.dataset.Generator": "annotations and the default generator",
+    "torch.utils.data.dataset.randperm": "random_split passes no device (a default device still applies)",
+    "torch._utils._get_available_device_type": "its own definition; DataParallel looks it up in its module",
+    "torch.distributed.checkpoint.filesystem._get_available_device_type": "asks for the machine's real device",
+    "torch.cuda.green_contexts.GreenContext": "the class's home; torch.cuda.GreenContext is what code uses",
+    "torch.cuda.profiler.check_error": "used only by torch.cuda.profiler.start/stop/profile, patched",
+    "torch.cuda.profiler.cudart": "used only by torch.cuda.profiler.start/stop/profile, patched",
+}
+
+
+def test_torch_modules_that_bind_a_patched_name_see_the_patch():
+    import importlib
+
+    for name in ("torch.nn.parallel.data_parallel", "torch.utils.data", "torch.distributed.device_mesh",
+                 "torch.distributed.tensor", "torch.distributed.fsdp", "torch.distributed.checkpoint",
+                 "torch.serialization", "torch.amp", "torch.cuda.amp", "torch.nested", "torch.fft"):
+        importlib.import_module(name)
+    session = torch_adapter.install("cpu")
+    # torch.device is left out: dozens of torch modules bind it (``from torch import device as
+    # _device``) for annotations and isinstance checks, which the C type answers the same.
+    patched = {id(orig): (owner.__name__, name) for owner, name, orig, _ in _patches(session)
+               if callable(orig) and isinstance(owner, types.ModuleType) and (owner, name) != (torch, "device")}
+    missed = []
+    for modname, mod in sorted(sys.modules.items()):
+        if not modname.startswith("torch") or modname.startswith("torch_adapter") or mod is None:
+            continue
+        for attr, value in list(vars(mod).items()):
+            where = patched.get(id(value))
+            if where is not None and where != (modname, attr) and f"{modname}.{attr}" not in ALIAS_OK \
+                    and modname not in ALIAS_OK:
+                missed.append(f"{modname}.{attr} still holds the original of {where[0]}.{where[1]}")
+    assert not missed, "\n".join(missed)

@@ -325,6 +325,8 @@ def _patch_load(p: Any, mapper: DeviceMapper) -> None:
         return orig_load(f, map_location, *args, **kwargs)
 
     p.set(torch, "load", load)
+    if getattr(torch.serialization, "load", None) is orig_load:  # torch.load is re-exported from there
+        p.set(torch.serialization, "load", load)
 
 
 def _patch_storages(p: Any, mapper: DeviceMapper) -> None:

@@ -90,15 +90,16 @@ def apply(session: Any) -> None:
             kwargs["device_ids"] = None
         return orig_barrier(*args, **kwargs)
 
-    for owner in (c10d, dist):
-        p.set(owner, "init_process_group", init_process_group)
-        p.set(owner, "new_group", new_group)
-        p.set(owner, "barrier", barrier)
-
     try:
         from torch.distributed import device_mesh as dm
     except ImportError:  # pragma: no cover - old torch
         dm = None
+    # distributed_c10d defines them; torch.distributed, device_mesh, ... bind them by import.
+    for name, new, orig in (("init_process_group", init_process_group, orig_init),
+                            ("new_group", new_group, orig_new_group), ("barrier", barrier, orig_barrier)):
+        for owner in _bound_copies(orig, name):
+            p.set(owner, name, new)
+
     if dm is not None:
         orig_mesh = dm.init_device_mesh
 
@@ -109,9 +110,8 @@ def apply(session: Any) -> None:
                 device_type = target.device_type
             return orig_mesh(device_type, *args, **kwargs)
 
-        p.set(dm, "init_device_mesh", init_device_mesh)
-        if hasattr(dist, "init_device_mesh"):
-            p.set(dist, "init_device_mesh", init_device_mesh)
+        for owner in _bound_copies(orig_mesh, "init_device_mesh"):
+            p.set(owner, "init_device_mesh", init_device_mesh)
 
     _patch_ddp(session)
     _patch_gather_of_grad_tensors(session)
@@ -173,6 +173,16 @@ def _keep_destroyed_gloo_groups(session: Any) -> None:
     for owner in (c10d, dist):
         if getattr(owner, "destroy_process_group", None) is orig:
             session.patcher.set(owner, "destroy_process_group", destroy_process_group)
+
+
+def _bound_copies(orig: Any, name: str) -> list[Any]:
+    """The loaded ``torch.distributed*`` modules that hold ``orig`` under ``name`` (its home and
+    every module that bound it with ``from ... import name``); modules imported later bind the
+    patched one."""
+    import sys
+
+    return [mod for modname, mod in sorted(sys.modules.items())
+            if modname.startswith("torch.distributed") and mod is not None and vars(mod).get(name) is orig]
 
 
 def _patch_ddp(session: Any) -> None:
