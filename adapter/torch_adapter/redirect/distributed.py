@@ -122,7 +122,6 @@ def _patch_gather_of_grad_tensors(session: Any) -> None:
     """gloo's ``all_gather_single`` (behind ``all_gather_into_tensor``, e.g. accelerate's ``gather(loss)``)
     fails on an input that requires grad ("A view was created in no_grad mode…") where nccl does not.
     c10d collectives record no autograd either way, so the input is passed detached (same storage)."""
-    import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
     orig = getattr(c10d, "all_gather_single", None)
@@ -135,9 +134,8 @@ def _patch_gather_of_grad_tensors(session: Any) -> None:
             input_tensor = input_tensor.detach()
         return orig(output_tensor, input_tensor, group, async_op)
 
-    for owner in (c10d, dist):
-        if getattr(owner, "all_gather_single", None) is orig:
-            session.patcher.set(owner, "all_gather_single", all_gather_single)
+    for owner, name in _bound_under_any_name(orig):  # _functional_collectives: legacy_allgather_single
+        session.patcher.set(owner, name, all_gather_single)
 
 
 def _keep_destroyed_gloo_groups(session: Any) -> None:
@@ -170,9 +168,8 @@ def _keep_destroyed_gloo_groups(session: Any) -> None:
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(doomed))
             log.record("distributed", "destroy_process_group()", "gloo group shut down, kept until exit", depth=3)
 
-    for owner in (c10d, dist):
-        if getattr(owner, "destroy_process_group", None) is orig:
-            session.patcher.set(owner, "destroy_process_group", destroy_process_group)
+    for owner, name in _bound_under_any_name(orig):
+        session.patcher.set(owner, name, destroy_process_group)
 
 
 def _bound_copies(orig: Any, name: str) -> list[Any]:
@@ -183,6 +180,15 @@ def _bound_copies(orig: Any, name: str) -> list[Any]:
 
     return [mod for modname, mod in sorted(sys.modules.items())
             if modname.startswith("torch.distributed") and mod is not None and vars(mod).get(name) is orig]
+
+
+def _bound_under_any_name(orig: Any) -> list[tuple[Any, str]]:
+    """Like :func:`_bound_copies`, also where a module bound ``orig`` under another name."""
+    import sys
+
+    return [(mod, name) for modname, mod in sorted(sys.modules.items())
+            if modname.startswith("torch.distributed") and mod is not None
+            for name, value in list(vars(mod).items()) if value is orig]
 
 
 def _patch_ddp(session: Any) -> None:
