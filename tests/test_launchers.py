@@ -16,13 +16,29 @@ from conftest import run_cli
 
 DDP_SCRIPT = textwrap.dedent("""
     import os, torch, torch.distributed as dist
-    dist.init_process_group("nccl")                      # CUDA-written: nccl, cuda:LOCAL_RANK
-    rank = dist.get_rank()
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    t = torch.ones(4, device="cuda") * (rank + 1)
-    dist.all_reduce(t)
-    print(f"rank {rank} sum {t[0].item():g} on {t.device.type}", flush=True)
-    dist.destroy_process_group()
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def main():                                          # timm's shape: destroy, then return (DDP freed after)
+      dist.init_process_group("nccl")                    # CUDA-written: nccl, cuda:LOCAL_RANK
+      rank = dist.get_rank()
+      torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+      model = DDP(torch.nn.Linear(4, 2).cuda(), device_ids=[int(os.environ["LOCAL_RANK"])])
+      data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=4,
+                                         num_workers=1, pin_memory=True)
+      for (x,) in data:
+          model(x.cuda(non_blocking=True)).sum().backward()
+      t = torch.ones(4, device="cuda") * (rank + 1)
+      dist.all_reduce(t)
+      print(f"rank {rank} sum {t[0].item():g} on {t.device.type}", flush=True)
+      w = torch.ones(3, device="cuda", requires_grad=True)
+      loss = (w * (rank + 1)).sum()                      # accelerate's gather(loss.repeat(bs)) on a live loss
+      out = torch.empty(2 * dist.get_world_size(), device="cuda")
+      dist.all_gather_into_tensor(out, loss.repeat(2))
+      print(f"rank {rank} gathered {out.tolist()}", flush=True)
+      dist.destroy_process_group()
+
+    main()
+    print("main returned", flush=True)
 """)
 
 SPAWN_SCRIPT = textwrap.dedent("""
@@ -78,6 +94,8 @@ def test_run_launcher_adapts_each_rank_and_reports_per_rank(launcher, scripts):
                   cwd=scripts, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "rank 0 sum 3 on cpu" in res.stdout and "rank 1 sum 3 on cpu" in res.stdout
+    assert "rank 1 gathered [3.0, 3.0, 6.0, 6.0]" in res.stdout  # gloo refuses a grad input; nccl does not
+    assert res.stdout.count("main returned") == 2  # the DDP reducer freed after destroy_process_group
     assert f"{launcher} ran unadapted; adapted 2 process(es): rank 0 of 2" in res.stderr
     for rank in (0, 1):
         assert f"rank {rank} of 2 (pid" in res.stderr

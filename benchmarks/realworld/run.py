@@ -141,6 +141,9 @@ def _ddp_tutorial(repo: Path, work: Path):
 def _nanogpt(ranks: int):
     def build(repo: Path, work: Path):
         fixtures.nanogpt_chars(work / "data" / "shakespeare_char")  # train.py reads data/<dataset> from cwd
+        link = work / "configurator.py"  # … and exec()s ./configurator.py: a link to the checkout's, not a copy
+        if not link.exists():
+            link.symlink_to(repo / "configurator.py")
         args = [str(repo / "config/train_shakespeare_char.py"), "--device=cuda", "--compile=False", "--dtype=float16",
                 "--max_iters=4", "--lr_decay_iters=4", "--eval_interval=2", "--eval_iters=2", "--log_interval=1",
                 "--batch_size=4", "--block_size=32", "--n_layer=2", "--n_head=2", "--n_embd=32",
@@ -200,14 +203,14 @@ CASES = [
     Case("pytorch/examples imagenet resnet18: torchrun 2 ranks, DataLoader workers", "examples",
          _imagenet("torchrun"), _expect(r"Acc@1")),
     Case("pytorch/examples dcgan --dataset fake --accel", "examples", _dcgan, _expect(r"Loss_D")),
-    Case("pytorch/examples word_language_model LSTM --accel", "examples", _wlm("LSTM"), _expect(r"end of training")),
+    Case("pytorch/examples word_language_model LSTM --accel", "examples", _wlm("LSTM"), _expect(r"End of training")),
     Case("pytorch/examples word_language_model Transformer --accel", "examples", _wlm("Transformer"),
-         _expect(r"end of training")),
+         _expect(r"End of training")),
     Case("pytorch/examples ddp-tutorial multigpu_torchrun: torch-adapter run torchrun 2 ranks", "examples",
          _ddp_tutorial, _expect(r"Training snapshot saved")),
     Case("nanoGPT train.py float16 AMP + GradScaler", "nanoGPT", _nanogpt(1), _nanogpt_check),
     Case("nanoGPT train.py torchrun 2 ranks (DDP, nccl)", "nanoGPT", _nanogpt(2), _nanogpt_check),
-    Case("minGPT projects/adder", "minGPT", _mingpt, _expect(r"iter_dt .* iter 20")),
+    Case("minGPT projects/adder", "minGPT", _mingpt, _expect(r"iter_dt .* iter 20"), extra_path=True),
     Case("timm train.py resnet18 --amp", "timm", _timm(True), _expect(r"Train: 0 .*100%", "out/e"),
          extra_path=True),
     Case("timm train.py resnet18 torchrun 2 ranks", "timm", _timm(False, 2), _expect(r"Train: 0"), extra_path=True),

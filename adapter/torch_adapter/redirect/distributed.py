@@ -114,6 +114,62 @@ def apply(session: Any) -> None:
             p.set(owner, "init_device_mesh", init_device_mesh)
 
     _patch_ddp(session)
+    _patch_gather_of_grad_tensors(session)
+    _keep_destroyed_gloo_groups(session)
+
+
+def _patch_gather_of_grad_tensors(session: Any) -> None:
+    """gloo's ``all_gather_single`` (behind ``all_gather_into_tensor``, e.g. accelerate's ``gather(loss)``)
+    fails on an input that requires grad ("A view was created in no_grad mode…") where nccl does not.
+    c10d collectives record no autograd either way, so the input is passed detached (same storage)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    orig = getattr(c10d, "all_gather_single", None)
+    if orig is None:
+        return
+
+    @functools.wraps(orig)
+    def all_gather_single(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False) -> Any:
+        if isinstance(input_tensor, torch.Tensor) and input_tensor.requires_grad:
+            input_tensor = input_tensor.detach()
+        return orig(output_tensor, input_tensor, group, async_op)
+
+    for owner, name in _bound_under_any_name(orig):  # _functional_collectives: legacy_allgather_single
+        session.patcher.set(owner, name, all_gather_single)
+
+
+def _keep_destroyed_gloo_groups(session: Any) -> None:
+    """A gloo group the adapter chose for "nccl" is never freed after ``destroy_process_group``.
+
+    Measured (torch 2.13, timm's train.py, torchrun 2 ranks): ``main()`` calls
+    ``destroy_process_group()`` and returns; DDP's Reducer, freed with ``main``'s locals, drops the
+    last reference to the shut-down ProcessGroupGloo, whose destructor then blocks on a mutex
+    forever (rank 0 in a futex wait, its DataLoader workers alive). NCCL, which the script was
+    written for, does not. Keeping one reference to each destroyed gloo group (its threads are
+    already stopped by ``shutdown()``) means that destructor never runs; the OS reclaims it at exit.
+    """
+    import ctypes
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    orig = c10d.destroy_process_group
+    log = session.redirect_log
+
+    @functools.wraps(orig)
+    def destroy_process_group(group: Any = None) -> None:
+        doomed = group if group is not None else dist.group.WORLD
+        try:
+            gloo = doomed is not None and str(dist.get_backend(doomed)) == "gloo"
+        except Exception:  # noqa: BLE001 - not a group torch knows (its own error comes from orig)
+            gloo = False
+        orig(group)
+        if gloo:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(doomed))
+            log.record("distributed", "destroy_process_group()", "gloo group shut down, kept until exit", depth=3)
+
+    for owner, name in _bound_under_any_name(orig):
+        session.patcher.set(owner, name, destroy_process_group)
 
 
 def _bound_copies(orig: Any, name: str) -> list[Any]:
@@ -124,6 +180,15 @@ def _bound_copies(orig: Any, name: str) -> list[Any]:
 
     return [mod for modname, mod in sorted(sys.modules.items())
             if modname.startswith("torch.distributed") and mod is not None and vars(mod).get(name) is orig]
+
+
+def _bound_under_any_name(orig: Any) -> list[tuple[Any, str]]:
+    """Like :func:`_bound_copies`, also where a module bound ``orig`` under another name."""
+    import sys
+
+    return [(mod, name) for modname, mod in sorted(sys.modules.items())
+            if modname.startswith("torch.distributed") and mod is not None
+            for name, value in list(vars(mod).items()) if value is orig]
 
 
 def _patch_ddp(session: Any) -> None:
