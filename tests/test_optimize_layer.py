@@ -178,3 +178,34 @@ def test_suspension_takes_the_optimizations_off_and_resume_puts_them_back():
         assert "forward" not in model.__dict__
     model(x)  # adopted again when it runs
     assert "forward" in model.__dict__
+
+
+@pytest.mark.slow
+def test_aggressive_compiles_the_scripts_model_once_with_the_same_losses():
+    def losses():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).to("cuda")
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        x, y = torch.randn(4, 8, device="cuda"), torch.randn(4, 4, device="cuda")
+        out = []
+        for _ in range(3):
+            loss = nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss.item())
+        return m, out
+
+    with torch_adapter.adapted(target="cpu"):
+        _, eager = losses()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch_adapter.adapted(target="cpu", optimization_level="aggressive"):
+            model, compiled = losses()
+        with torch_adapter.adapted(target="cpu", optimization_level="aggressive"):  # adopted again: no recompile
+            model(torch.randn(4, 8, device="cuda"))
+            model(torch.randn(4, 8, device="cuda"))
+    notes = [str(w.message) for w in caught if issubclass(w.category, optimizing.OptimizeWarning)]
+    assert len(notes) == 1 and "compiled Sequential's forward in" in notes[0]
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    assert "forward" not in model.__dict__

@@ -164,6 +164,9 @@ def _check(cfg: Config) -> None:
         value = getattr(cfg, key)
         if not any(type(value) is type(v) and value == v for v in valid):  # True is not 1, "no" is not True
             example = next((v for v in valid if v != getattr(Config, key, None)), valid[0])
+            if key == "amp_dtype":  # the spelling the redirect docs and tests show
+                raise UsageError(format_error("torch_adapter.install(amp_dtype=...)", f"one of {AMP_POLICIES}",
+                                              repr(value), why=_WHY[key], fix='e.g. amp_dtype="bfloat16"'))
             raise UsageError(format_error(
                 _call(key), f"one of {', '.join(map(repr, valid))}", f"{value!r} ({type(value).__name__})",
                 why=_WHY.get(key, ""), fix=f"e.g. configure({key}={example!r}); see docs/tools.md"))

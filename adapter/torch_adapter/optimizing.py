@@ -53,6 +53,9 @@ class OptimizeWarning(UserWarning):
 
 
 _FUSED_DEVICES = ("cpu", "cuda", "mps", "xpu")  # torch 2.13's fused Adam/AdamW/SGD kernels
+# model -> {(device, autocast dtype): its compiled forward}: one torch.compile per model, so a
+# model adopted again by a later session (or after a resume) does not trace and compile again
+_COMPILED: "weakref.WeakKeyDictionary[Any, dict[Any, Any]]" = weakref.WeakKeyDictionary()
 
 
 def native_low_precision(device_type: str) -> Any:
@@ -101,6 +104,7 @@ class _Layer:
         self.plan: dict[str, Any] = {}
         self.hooks: list[Any] = []
         self.known: "weakref.WeakSet[Any]" = weakref.WeakSet()  # modules inside adopted models
+        self.optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()  # optimizers seen
         self.undos: list[Any] = []  # newest last
         self.applied: list[dict[str, Any]] = []
         self.lock = threading.RLock()
@@ -135,7 +139,7 @@ class _Layer:
                     self.undos.pop()()
                 except Exception:  # an object the script already changed back: nothing to undo
                     pass
-            self.known = weakref.WeakSet()
+            self.known, self.optimizers = weakref.WeakSet(), weakref.WeakSet()
             self.on = False
 
     def _record(self, what: str, obj: Any, undo: Any, **extra: Any) -> None:
@@ -211,6 +215,10 @@ class _Layer:
     def _compiled(self, model: Any, forward: Any) -> Any:
         import torch
 
+        key = (self.session().target.device_type, self.plan["autocast"])
+        cache = _COMPILED.setdefault(model, {})
+        if key in cache:  # adopted again (a later session, a resume): dynamo's graphs are reused
+            return cache[key]
         compiled = torch.compile(forward)
         first = [True]
 
@@ -226,6 +234,7 @@ class _Layer:
                           f"first backward). Later steps reuse it", OptimizeWarning, stacklevel=2)
             return out
 
+        cache[key] = run
         return run
 
     def _checkpointing(self, model: Any) -> None:
@@ -244,10 +253,10 @@ class _Layer:
 
     # -- optimizers ------------------------------------------------------------------------------
     def _adopt_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if getattr(optimizer, "_torch_adapter_seen", None) is self:
+        if optimizer in self.optimizers:
             return
         with self.lock:
-            optimizer._torch_adapter_seen = self
+            self.optimizers.add(optimizer)
             flag = "fused" if self.plan["fused_optimizers"] else "foreach"
             changed = []
             for group in optimizer.param_groups:
@@ -261,13 +270,10 @@ class _Layer:
                     group["foreach"] = False
             if not changed:
                 return
-            if flag == "fused":
-                optimizer._step_supports_amp_scaling = True
 
             def undo() -> None:
                 for group, foreach, fused in changed:
                     group["foreach"], group["fused"] = foreach, fused
-                optimizer.__dict__.pop("_torch_adapter_seen", None)
 
             self._record(f"optimizer:{flag}", optimizer, undo)
 

@@ -12,7 +12,7 @@
                        fails on a CPU whose ``torch.cuda`` the adapter answers)
 =====================  ===============================================================
 
-``memory_strategy="low"`` turns on the model's own gradient checkpointing
+``memory_strategy="low"`` (or ``"aggressive"``) turns on the model's own gradient checkpointing
 (diffusers ``enable_gradient_checkpointing()``, transformers
 ``gradient_checkpointing_enable()``): activations are recomputed in backward instead of
 kept, trading compute for memory. A model without such a switch is left as it is, with a
@@ -88,7 +88,7 @@ def plan(optimization_level: str | None = None, memory_strategy: str | None = No
     compile_, mode = _COMPILE[level]
     if mode == "max-autotune" and device != "cuda":
         mode = "max-autotune-no-cudagraphs"
-    return Plan(level, memory, compile_, mode, memory == "low")
+    return Plan(level, memory, compile_, mode, memory in ("low", "aggressive"))
 
 
 def _checkpointing(model: Any) -> bool:

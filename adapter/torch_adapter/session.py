@@ -172,10 +172,6 @@ class AdapterSession:
                 "redirects": self.redirect_log.summary()}
 
 
-def _make_config(kwargs: dict[str, Any], base: Config | None = None) -> Config:  # kept for older callers
-    return make_config(kwargs, base)
-
-
 def _prepare(target: Any, simulate: Any, options: dict[str, Any], call: str) -> tuple[Target, Config]:
     """Check everything an install needs — target, options, policy op names — touching nothing."""
     if not isinstance(simulate, bool):
@@ -211,7 +207,7 @@ def _check_thread(call: str, tgt: Target, cfg: Config) -> None:
     raise UsageError(format_error(
         call, f"the active session's settings (target {session.target.label!r}), or a call from the thread "
               f"that installed it ({owner.name!r})",
-        f"target {tgt.label!r}{'' if tgt == session.target else ''} with other settings, from thread {me.name!r}",
+        f"target {tgt.label!r} with other settings, from thread {me.name!r}",
         why="the adapter's session is process-wide: switching it here would silently move the other thread's ops "
             "to these settings too",
         fix="use the same settings in every thread (adapted() then shares the session), or install once before "

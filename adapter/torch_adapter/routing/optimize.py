@@ -1,4 +1,6 @@
-"""Module-level replacements: ``optimize.register(torch.nn.LayerNorm, fast_forward)``.
+"""Module-level replacements: ``optimize.register(torch.nn.LayerNorm, fast_forward)``, or as a
+decorator ``@optimize.register(torch.nn.LayerNorm)`` above ``def fast_forward(module, x)``
+(the name is then bound to the handle).
 
 While the adapter is installed, every instance of the class — existing and new — runs the
 replacement ``forward``. The replacement is either a function ``fn(module, *args,
