@@ -113,8 +113,7 @@ def _probe(name: str, profile: Any) -> bool | None:
         return False
     try:
         op = tp.resolve_op(name)
-        args, kwargs = sample_args(op)
-    except (AttributeError, TypeError, RuntimeError):
+    except AttributeError:
         return None
     stack = [name]
     found: list[bool] = []
@@ -159,6 +158,10 @@ def _probe(name: str, profile: Any) -> bool | None:
     try:
         with tp.no_dispatch_modes(), warnings.catch_warnings():  # no trace() recorder sees the probe
             warnings.simplefilter("ignore")
+            try:
+                args, kwargs = sample_args(op)
+            except (TypeError, RuntimeError):
+                return None
             with Probe():
                 fn(*args, **kwargs)
     except Exception:  # noqa: BLE001 - a sample the decomposition rejects: unknown (unless seen)

@@ -11,6 +11,9 @@ Regenerate (and check) it from the vendor files in ``../shared/target-data``::
     python -m torch_adapter.routing.vendor_tables build ../shared/target-data   # rewrite
     python -m torch_adapter.routing.vendor_tables check ../shared/target-data   # exit 1 if stale
 
+Specs are stored as ``all``, ``2.1-newest``, ``2.1-2.12`` or ``2.1,2.2``; an overload listed
+twice (``repeat_interleave.self_int``: ``official`` and ``symint``) keeps both, joined by ``|``.
+
 What counts, per target (the same rules as ../shared/FACTS.md's independent counts):
 
 - **npu**: op-plugin's ``op_plugin_functions.yaml`` sections ``official``, ``autograd`` and
@@ -104,8 +107,10 @@ def build(source_dir: str) -> dict[str, Any]:
                 continue
             entry = npu.setdefault(name, {})
             for key in ("op_api", "acl_op"):
-                if key in item and item[key] not in (None, False):
-                    entry[key] = _spec(item[key])
+                if key in item and item[key] not in (None, False):  # an overload listed twice: the union
+                    spec = _spec(item[key])
+                    parts = entry[key].split("|") if key in entry else []
+                    entry[key] = "|".join(parts + [spec] if spec not in parts else parts)
     for item in core.get("supported") or ():
         func = item.get("func") if isinstance(item, dict) else item
         name = _op(str(func))
@@ -160,6 +165,8 @@ def _vkey(text: str) -> tuple[int, ...]:
 
 
 def _covers(spec: str, version: tuple[int, ...], newest: tuple[int, ...]) -> bool:
+    if "|" in spec:
+        return any(_covers(part, version, newest) for part in spec.split("|"))
     if spec == "all":
         return True
     if "-" in spec:
