@@ -153,3 +153,14 @@ def test_missing_or_unreadable_table_is_incomplete_not_everything_native(tmp_pat
     assert p.complete is False and p.native == own and len(own) < 100
     assert "cannot be read" in p.description and "vendor_tables build" in p.description
     assert explain("aten::add.Tensor", target=p).route is not Route.NATIVE
+
+
+def test_npu_sim_and_xpu_sim_are_adapter_compare_configurations():
+    from torch_adapter.jupyter.compare import compare
+    from torch_adapter.jupyter.magics import parse_configs
+
+    assert parse_configs("plain,npu-sim,xpu-sim") == ["plain", "npu-sim", "xpu-sim"]
+    a = torch.randn(8, 8)
+    result = compare(lambda: torch.nn.functional.gelu(a @ a), ["plain", "npu-sim", "xpu-sim"], n=1, warmup=0)
+    assert all(result[c]["error"] is None and result[c]["median_s"] for c in ("npu-sim", "xpu-sim")), result
+    assert torch_adapter.current() is None  # the session before (none) is back

@@ -102,17 +102,17 @@ FAMILIES: tuple[Family, ...] = (
     Family("embedding_bag", "aten::embedding_bag", (
         Member("native", "aten::_embedding_bag", "aten::_embedding_bag_backward"),),
         None,
-        {"aten::_embedding_bag_forward_only": "forward"}),
+        {}),  # forward_only vs not is chosen by requires_grad, the same on every device: the host's choice stands
     Family("ctc_loss", "aten::ctc_loss.IntList", (
         Member("cudnn", "aten::_cudnn_ctc_loss", None),
         Member("native", "aten::_ctc_loss", "aten::_ctc_loss_backward")),
         None,
-        {"aten::_ctc_loss": "forward", "aten::_ctc_loss_backward": "backward"}),
+        {}),  # cuDNN's only for int32 CPU targets, blank 0, ...: by arguments, so the host's _ctc_loss stands
     Family("grid_sampler", "aten::grid_sampler", (
         Member("cudnn", "aten::cudnn_grid_sampler", "aten::cudnn_grid_sampler_backward"),
         Member("native", "aten::grid_sampler_2d", "aten::grid_sampler_2d_backward")),
         None,
-        {"aten::grid_sampler_2d": "forward", "aten::grid_sampler_2d_backward": "backward"}),
+        {}),  # cuDNN's only for bilinear, zero padding, align_corners: by arguments, so the host's choice stands
 )
 
 # Kernels a backend registers in C++ (TORCH_LIBRARY_IMPL) outside any op table the profiles
