@@ -97,7 +97,7 @@ command with a message naming the factory, what was expected, what was found, wh
 Vendors quote "operator coverage" per model kind. For Ascend, the figures cited for this project
 (issue 12) are **99.8 % for CNN models, 99.1 % for Transformer models and 92.3 % for models with
 custom operators**; we could not check their original publication from here, so read them as
-quoted. The table "By model kind" above puts ours beside them: *on the device* there is native +
+quoted. The table "By model kind" below puts ours beside them: *on the device* there is native +
 composite, by op calls of one training step, for the `npu` profile built from Ascend's own op
 tables (op-plugin + torch_npu, the entries for the running torch). How the two differ:
 
