@@ -75,9 +75,11 @@ def test_rows_are_consistent_with_explain(small, every_family_on_mps):
 def test_real_host_has_no_fallbacks_and_simulated_rows_name_them(small):
     for model in SMALL:
         assert small.row(model, "host (cpu)").calls["fallback"] == 0
-    lstm = small.row("lstm", "mps")
-    assert {f.op for f in lstm.top_fallbacks} == {"aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward"}
-    assert all("oneDNN" in f.host_selected for f in lstm.top_fallbacks)
+    lstm = small.row("lstm", "mps")  # the host's oneDNN LSTM is routed as mps's own _lstm_mps
+    assert lstm.calls["fallback"] == 0 and lstm.top_fallbacks == ()
+    assert torch_adapter.explain("aten::mkldnn_rnn_layer", target="mps").op == "aten::_lstm_mps"
+    custom = small.row("custom_op", "mps")  # a custom op with a CPU kernel only falls back everywhere
+    assert [f.op for f in custom.top_fallbacks] == [DEMO]
     assert small.row("gpt2", "cuda").total_calls < small.row("gpt2", "mps").total_calls  # foreach AdamW on cuda
 
 
@@ -242,11 +244,14 @@ def test_json_schema(small):
 
 def test_terminal_and_markdown(small):
     text = render.render_text(small, width=160)
-    assert "not the target's speed" in text and "aten::mkldnn_rnn_layer ×2 (host-selected)" in text
+    assert "not the target's speed" in text and f"{DEMO} ×1" in text and "host-selected" not in text
     narrow = render.render_text(small, width=80)
-    assert max(len(line) for line in narrow.splitlines()) <= 80 and "lstm on mps:" in narrow
+    assert max(len(line) for line in narrow.splitlines()) <= 80 and "custom_op on mps:" in narrow
     md = render.render_markdown(small)
-    assert md.count("\n| custom_op | ") == len(small.targets)
+    assert md.count("\n| custom_op | ") == len(small.targets) + 1  # every row, and the by-target table
+    pivot = next(line for line in md.splitlines() if line.startswith("| custom_op | ") and " / " in line)
+    assert pivot.count(" / ") == 2 * len(small.targets)  # native / composite / fallback per target
+    assert "| Custom op | " in md and "(on the device " in md
     assert "> **Scope.**" in md and f"`{DEMO}` ×1" in md
 
 
@@ -319,5 +324,7 @@ def test_docs_page_covers_the_builtin_set():
     page = (ROOT / "docs" / "coverage.md").read_text()
     assert "not the target's speed" in page and "torch-adapter.coverage" in page
     for name in models.builtin_names():
-        for target in ("cuda", "mps", "mtia"):
+        for target in ("cuda", "mps", "npu", "xpu", "mtia"):
             assert f"\n| {name} | {target} | " in page, (name, target)
+    assert "| model | cuda | mps | npu | xpu | mtia |" in page  # one column per target
+    assert "99.8 %" in page and "How the two differ" in page  # beside the vendors' published figures

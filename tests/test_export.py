@@ -89,10 +89,14 @@ def test_training_unsafe_decompositions_are_not_used():
 
     q = torch.randn(1, 2, 4, 8)
     result = export(Attend(), (q,), target="mps")
-    (row,) = result.fallbacks
-    assert row["op"] == "aten::_scaled_dot_product_flash_attention_for_cpu"
-    assert "training-unsafe deny-list" in row["reason"]
-    assert row["op"] in _ops(result.program)
+    assert result.fallbacks == []  # the host's attention kernel is no fallback of the target's
+    (row,) = result.composite  # mps runs its math path in its place
+    assert row["op"] == "aten::_scaled_dot_product_attention_math" and row["via"] == "device-selected"
+    assert "this host ran its own aten::_scaled_dot_product_flash_attention_for_cpu" in row["reason"]
+    # its export-only decomposition is on the training-unsafe deny-list: not used, the node stays
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in _ops(result.program)
+    (left,) = result.leftovers
+    assert left["graph_op"] == "aten::_scaled_dot_product_flash_attention_for_cpu" and left["route"] == "composite"
     torch.testing.assert_close(result.module()(q), Attend()(q))
 
 

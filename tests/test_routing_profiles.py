@@ -44,9 +44,11 @@ def test_builtin_profiles():
     assert (mps.name, mps.dispatch_key, mps.native_count, mps.complete) == ("mps", "MPS", 890, True)
     assert "native_functions.yaml" in mps.source
     assert mps.is_native("aten::nonzero") and not mps.is_native("aten::_linalg_eigh")
-    xpu = profiles.load_profile("XPU")
-    assert not xpu.complete and "incomplete" in xpu.description
-    assert {"cuda", "mps", "mtia", "xpu", "cpu"} == set(profiles.builtin_names())
+    mtia = profiles.load_profile("MTIA")
+    assert not mtia.complete and "incomplete" in mtia.description
+    xpu = profiles.load_profile("xpu")  # from Intel's op table (tests/test_routing_vendor.py)
+    assert xpu.complete and xpu.listed and "torch-xpu-ops" in xpu.source
+    assert {"cuda", "mps", "mtia", "npu", "xpu", "cpu"} == set(profiles.builtin_names())
     assert profiles.load_profile("mps") is mps  # cached
 
 
@@ -108,10 +110,11 @@ def test_missing_profile_file(tmp_path):
 
 def test_targets_lists_simulated_profiles_with_counts():
     rows = {r["name"]: r for r in torch_adapter.targets() if r["simulated"]}
-    assert set(rows) == {"cuda", "mps", "mtia", "xpu", "cpu"}
+    assert set(rows) == {"cuda", "mps", "mtia", "npu", "xpu", "cpu"}
     mps = rows["mps"]
     assert mps["native_ops"] == 890 and mps["composite_ops"] > 1000 and mps["fallback_ops"] > 100
-    assert rows["xpu"]["complete"] is False and "incomplete" in rows["xpu"]["details"]["note"]
+    assert rows["mtia"]["complete"] is False and "incomplete" in rows["mtia"]["details"]["note"]
+    assert rows["xpu"]["complete"] is True and rows["xpu"]["details"]["vendor_listed"] == 1042
 
 
 def test_install_a_toml_profile(tmp_path):

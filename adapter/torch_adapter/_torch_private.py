@@ -349,3 +349,10 @@ def is_op_overload(obj: Any) -> bool:
     import torch
 
     return isinstance(obj, torch._ops.OpOverload)
+
+
+def no_dispatch_modes() -> Any:
+    """A context manager: the TorchDispatchModes of this thread are off inside it (put back after)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()

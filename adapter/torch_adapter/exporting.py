@@ -20,6 +20,12 @@ kept as they are (a target with its own ``aten::linear`` keeps it). What is left
 target lacks is reported: ``fallbacks`` (would run on the CPU) and ``composite`` (run by
 their own composite kernel at run time: no decomposition table entry exists).
 
+A decomposition written with ``prims::*`` ops (PyTorch's reference implementations) is not
+used: a target artifact holds core ATen ops only, and the op stays as a leftover. For an
+*incomplete* profile (mtia, or a vendor table that could not be read) the report cannot be
+trusted: export warns (``incomplete="warn"``, the default) or refuses (``"raise"``).
+``leftovers`` lists, per op the target lacks in the final graph, its nodes, route and why.
+
 With ``path``, the program is saved with ``torch.export.save`` and the report is written
 next to it as JSON (``model.pt2`` -> ``model.routing.json``, schema ``torch-adapter.export``).
 """
@@ -51,6 +57,8 @@ class ExportResult:
     fallbacks: list[dict[str, Any]] = field(default_factory=list)
     composite: list[dict[str, Any]] = field(default_factory=list)
     routes: dict[str, int] = field(default_factory=dict)  # graph nodes per route
+    leftovers: list[dict[str, Any]] = field(default_factory=list)  # per op the target lacks: nodes, route, why
+    notes: list[str] = field(default_factory=list)  # e.g. the profile is incomplete
     path: Path | None = None
     report_path: Path | None = None
 
@@ -61,7 +69,8 @@ class ExportResult:
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "version": VERSION, "target": self.target,
                 "path": str(self.path) if self.path else None, "routes": self.routes,
-                "decomposed": self.decomposed, "fallbacks": self.fallbacks, "composite": self.composite}
+                "decomposed": self.decomposed, "fallbacks": self.fallbacks, "composite": self.composite,
+                "leftovers": self.leftovers, "notes": self.notes}
 
     def __repr__(self) -> str:
         return (f"<ExportResult for {self.target}: {sum(self.routes.values())} op nodes, "
@@ -89,6 +98,8 @@ def _decomposition(op: Any, decision: Any, defaults: Any) -> Any:
     name = op.name()
     if name in TRAINING_UNSAFE_DECOMPOSITIONS:
         return None
+    if decision.via == "device-selected":  # the host's own kernel: the target runs another op in its place
+        return None
     if op in defaults:
         return defaults[op]  # (CustomDecompTable.get does not materialise its lazy entries)
     table = tp.decompositions()
@@ -96,10 +107,38 @@ def _decomposition(op: Any, decision: Any, defaults: Any) -> Any:
         # a Python decomposition written with other ops; preferred to op.decompose, whose
         # CompositeImplicit py_kernel can re-enter the op under run_decompositions
         # (aten::upsample_nearest2d.vec recursed without end)
-        return table[name]
+        return None if _uses_prims(table[name]) else table[name]
     if decision.via == "CompositeImplicitAutograd":
         return op.decompose
     return None
+
+
+def _uses_prims(fn: Any) -> bool:
+    """A reference implementation (torch._refs / torch._prims): it lowers to prims::* ops."""
+    inner = getattr(fn, "__wrapped__", fn)
+    module = str(getattr(inner, "__module__", "") or "")
+    return module.startswith(("torch._refs", "torch._prims"))
+
+
+def _profile_note(spec: Any, incomplete: str) -> list[str]:
+    """The profile's incompleteness, warned about or refused (``incomplete`` is "warn"/"raise")."""
+    import warnings
+
+    from .routing.decide import _profile_of
+
+    profile = _profile_of(spec)[0]
+    if profile.complete:
+        return []
+    note = (f"the {profile.name} profile is incomplete ({profile.description or profile.source}): ops it lacks in "
+            "this report may have kernels on the real device")
+    if incomplete == "raise":
+        raise UsageError(format_error(f"torch_adapter.export(..., target={profile.name!r})",
+                                      "a complete capability profile", f"{profile.name!r}: {note}",
+                                      why="the lowered program would keep ops the target may run natively, or "
+                                          "decompose ops it has", fix="pass incomplete='warn' to export anyway, or a "
+                                          "complete profile (.toml with the target's native ops)"))
+    warnings.warn(f"torch_adapter.export: {note}", UserWarning, stacklevel=3)
+    return [note]
 
 
 def _target_label(target: Any) -> tuple[Any, str]:
@@ -144,20 +183,26 @@ def _check(model: Any, example_inputs: Any, path: Any) -> tuple[Any, Path | None
 
 
 def export(model: Any, example_inputs: Any, *, target: Any = None, path: str | os.PathLike[str] | None = None,
-           kwargs: dict[str, Any] | None = None, dynamic_shapes: Any = None, strict: bool = False) -> ExportResult:
+           kwargs: dict[str, Any] | None = None, dynamic_shapes: Any = None, strict: bool = False,
+           incomplete: str = "warn") -> ExportResult:
     """Export ``model`` lowered to ``target``'s native ops (see the module doc).
 
     ``target``: a name (``"mps"`` uses the built-in profile unless an MPS device is here), a
     ``.toml`` profile, a Target or a CapabilityProfile; by default the installed target (its
     registrations and policies included), or this machine's. ``kwargs``,
-    ``dynamic_shapes`` and ``strict`` are passed to ``torch.export.export``.
+    ``dynamic_shapes`` and ``strict`` are passed to ``torch.export.export``. ``incomplete``:
+    ``"warn"`` (default) or ``"raise"`` when the target's profile is incomplete.
     """
     import torch
 
     from .routing.decide import Route, explain
 
     args, out = _check(model, example_inputs, path)
+    if incomplete not in ("warn", "raise"):
+        raise UsageError(format_error("torch_adapter.export(..., incomplete=...)", "'warn' or 'raise'",
+                                      repr(incomplete), fix="incomplete='raise' refuses incomplete profiles"))
     spec, label = _target_label(target)
+    notes = _profile_note(spec, incomplete)
     decisions: dict[str, Any] = {}
 
     def decide(op: Any) -> Any:
@@ -183,8 +228,13 @@ def export(model: Any, example_inputs: Any, *, target: Any = None, path: str | o
         program = program.run_decompositions(table)
     counts = _ops(program)
     routes = {r.value: 0 for r in Route}
-    fallbacks, composite = [], []
+    fallbacks, composite, leftovers = [], [], []
     for op, n in sorted(counts.items(), key=lambda kv: kv[0].name()):
+        if op.namespace == "prims":  # never chosen above; if torch's own table made one, say so
+            leftovers.append({"op": op.name(), "nodes": n, "route": "fallback", "graph_op": op.name(),
+                              "reason": "a prims::* op (not core ATen) left by a decomposition"})
+            routes[Route.FALLBACK.value] += n
+            continue
         d = decide(op)
         routes[d.route.value] += n
         row = {"op": d.op, "nodes": n, "reason": d.reason, "via": d.via}
@@ -192,7 +242,13 @@ def export(model: Any, example_inputs: Any, *, target: Any = None, path: str | o
             fallbacks.append(row)
         elif d.route is Route.COMPOSITE:
             composite.append(row)
-    result = ExportResult(program, label, sorted(tried - {op.name() for op in counts}), fallbacks, composite, routes)
+        if d.route is not Route.NATIVE:
+            why = ("kept in the graph: no decomposition into core ATen ops (without prims::*) is available"
+                   if d.route is Route.COMPOSITE else "would run on the CPU")
+            leftovers.append({"op": d.op, "nodes": n, "route": d.route.value, "graph_op": op.name(),
+                              "reason": f"{why}: {d.reason}"})
+    result = ExportResult(program, label, sorted(tried - {op.name() for op in counts}), fallbacks, composite, routes,
+                          leftovers, notes)
     if out is not None:  # the one safe writer (_safe_io): atomic, the folder must exist
         from ._safe_io import atomic_writer, write_text
 

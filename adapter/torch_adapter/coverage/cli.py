@@ -30,9 +30,9 @@ _EPILOG = ("Coverage says where ops would run on the target; it is not the targe
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--targets", default="cuda,mps,mtia", metavar="T[,T...]",
-                   help="comma-separated: simulated profiles (cuda, mps, mtia, xpu, cpu), host (this machine's "
-                        "real target) or PROFILE.toml files (default: cuda,mps,mtia)")
+    p.add_argument("--targets", default="cuda,mps,npu,xpu,mtia", metavar="T[,T...]",
+                   help="comma-separated: simulated profiles (cuda, mps, npu, xpu, mtia, cpu), host (this machine's "
+                        "real target) or PROFILE.toml files (default: cuda,mps,npu,xpu,mtia)")
     p.add_argument("--models", default=None, metavar="M[,M...]",
                    help="comma-separated built-in families (resnet, bert, gpt2, sd_unet, sd_vae, clip_text, lstm, "
                         "custom_op; default: all) and/or module:factory or path/to/file.py:factory, where "

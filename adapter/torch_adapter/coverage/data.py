@@ -14,8 +14,9 @@ level: ``explain(op, target)`` says ``fallback`` for each) and ``nested_fallback
 a composite op that ran on the CPU — a decomposition that led back to its own op, or a piece
 the target lacks; ``inside`` names the composite ops). Ops that exist only because the host
 picked its own implementation inside a composite op (oneDNN LSTM, the CPU's attention and
-convolution kernels) carry a ``host_selected`` note: on the real target that composite op
-picks the target's own kernel (:data:`HOST_SELECTED`).
+convolution kernels) carry a ``host_selected`` note (:data:`HOST_SELECTED`). On simulated
+targets they no longer occur: such a call is routed as the target's own member of its
+family (routing/kernel_families.py); the note remains for profiles with the CPU's key.
 
 JSON schema ``torch-adapter.coverage`` version 1 (docs/coverage.md)::
 

@@ -28,7 +28,7 @@ from .models import Family
 
 __all__ = ["DEFAULT_TARGETS", "TargetSpec", "measure", "parse_targets", "analyse", "training_step"]
 
-DEFAULT_TARGETS = ("cuda", "mps", "mtia")
+DEFAULT_TARGETS = ("cuda", "mps", "npu", "xpu", "mtia")
 _REAL = ("host", "auto")
 _FOREACH_KEYS = ("CUDA", "XPU", "MTIA", "PrivateUse1")  # torch's _get_foreach_kernels_supported_devices()
 _WORST = {"native": 0, "composite": 1, "fallback": 2}
@@ -55,7 +55,7 @@ class TargetSpec:
 
 
 def parse_targets(targets: Any = None) -> list[TargetSpec]:
-    """``targets``: None (cuda, mps, mtia), a comma-separated string, or a list of names / .toml paths."""
+    """``targets``: None (cuda, mps, npu, xpu, mtia), a comma-separated string, or a list of names / .toml paths."""
     if targets is None:
         targets = DEFAULT_TARGETS
     items = [t.strip() for t in targets.split(",") if t.strip()] if isinstance(targets, str) else list(targets)
@@ -202,8 +202,8 @@ def measure(models: Any = None, targets: Any = None, *, top: int = 5,
     ``models``: None (every built-in family: resnet, bert, gpt2, sd_unet, sd_vae, clip_text,
     lstm, custom_op), a comma-separated string, or a list of built-in names,
     ``"module:factory"`` strings (``"path/to/file.py:factory"`` too) and factory functions.
-    ``targets``: None (cuda, mps, mtia — simulated), or names: built-in simulated profiles
-    (cuda, mps, mtia, xpu, cpu), ``host``/``auto`` (this machine's real target) and ``.toml``
+    ``targets``: None (cuda, mps, npu, xpu, mtia — simulated), or names: built-in simulated profiles
+    (cuda, mps, npu, xpu, mtia, cpu), ``host``/``auto`` (this machine's real target) and ``.toml``
     profiles. ``top``: how many fallback ops each row lists. ``progress(model, target)`` is
     called before each measurement.
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from .data import ROUTES, CoverageReport, CoverageRow, FallbackOp
 
-__all__ = ["rich_table", "render_text", "render_json", "render_markdown", "fallback_text", "fallback_lines", "pct"]
+__all__ = ["rich_table", "render_text", "render_json", "render_markdown", "fallback_text", "fallback_lines", "pct",
+           "pivot_lines"]
 
 
 def pct(value: float) -> str:
@@ -111,6 +112,47 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _cell(calls: dict[str, int]) -> str:
+    total = sum(calls[r] for r in ROUTES)
+    if not total:
+        return ""
+    return " / ".join(pct(100.0 * calls[r] / total) for r in ROUTES)
+
+
+def pivot_lines(report: CoverageReport) -> list[str]:
+    """Markdown: native / composite / fallback shares of op calls per model × target (one column
+    per target), then per model kind (calls summed over the kind's models)."""
+    targets = list(report.targets)
+    head = "| {} | " + " | ".join(targets) + " |"
+    rule = "| --- | " + " | ".join("---:" for _ in targets) + " |"
+    by_model: dict[str, dict[str, str]] = {}
+    kinds: dict[str, dict[str, dict[str, int]]] = {}
+    for row in report.rows:
+        by_model.setdefault(row.model, {})[row.target] = "step failed" if row.error else _cell(row.calls)
+        if not row.error:
+            acc = kinds.setdefault(row.kind, {}).setdefault(row.target, dict.fromkeys(ROUTES, 0))
+            for r in ROUTES:
+                acc[r] += row.calls[r]
+    lines = ["### By model and target", "",
+             "Share of the op calls of one training step, native / composite / fallback, in %.", "",
+             head.format("model"), rule]
+    lines += ["| " + model + " | " + " | ".join(cells.get(t, "") for t in targets) + " |"
+              for model, cells in by_model.items()]
+    lines += ["", "### By model kind", "",
+              "The same, with the calls of every model of a kind added up. *On the device* = native + "
+              "composite (what a vendor's \"operator coverage\" counts as supported).", "",
+              head.format("kind"), rule]
+    for kind, per in kinds.items():
+        cells = []
+        for t in targets:
+            c = per.get(t)
+            total = sum(c.values()) if c else 0
+            cells.append(f"{_cell(c)} (on the device {pct(100.0 * (c['native'] + c['composite']) / total)})"
+                         if total else "")
+        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def render_markdown(report: CoverageReport, *, title: str = "Op coverage by model family × target",
                     preamble: str = "", appendix: str = "") -> str:
     """A Markdown page: the summary table by calls and by distinct ops, then every row's
@@ -122,7 +164,9 @@ def render_markdown(report: CoverageReport, *, title: str = "Op coverage by mode
     if report.torch_version:
         lines.append(f"Measured with torch {report.torch_version}; targets: {', '.join(report.targets)}.")
         lines.append("")
-    lines += ["Shares in %: by op calls, then by distinct ops. The last column counts fallback calls made "
+    lines += pivot_lines(report)
+    lines += ["### Every row", "",
+              "Shares in %: by op calls, then by distinct ops. The last column counts fallback calls made "
               "inside composite ops (not in the shares).", "",
               "| model | target | calls | native | composite | fallback | ops | native | composite | fallback "
               "| fallback calls in composites |",
@@ -137,8 +181,9 @@ def render_markdown(report: CoverageReport, *, title: str = "Op coverage by mode
                      + " | ".join(pct(o[r]) for r in ROUTES) + f" | {row.nested_calls['fallback']} |")
     lines += ["", "## Fallback ops per model and target", "",
               "Called by the program (top level), then pieces of composite ops that ran on the CPU. "
-              "*host-selected*: the CPU host picked this kernel inside a composite op; a real target "
-              "picks its own, so the fallback is an artefact of simulating on this machine.", ""]
+              "A kernel the CPU host selects inside another op (oneDNN, slow convolutions, the CPU's "
+              "attention) is routed as the target's own member of its family, so it is not listed here; "
+              "*host-selected* marks one that still is (a real target, or a profile with the CPU's key).", ""]
     for row in report.rows:
         if not (row.top_fallbacks or row.nested_fallbacks):
             continue

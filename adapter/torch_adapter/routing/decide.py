@@ -8,10 +8,14 @@ Order (measured to reproduce plain results bit-for-bit: docs/figures/README.md#r
 4. forced to the CPU (profile ``fallback`` / ``configure(force_cpu=)``)  -> FALLBACK
 5. a Python implementation from ``register_fallback``                    -> FALLBACK
 6. the op's own CompositeExplicitAutograd / CompositeImplicitAutograd kernel -> COMPOSITE
-7. a ``torch._decomp`` decomposition not on the training-unsafe deny-list -> COMPOSITE
+7. a ``torch._decomp`` decomposition not on the training-unsafe deny-list and that does not
+   call the op itself (:mod:`.self_decomp`, checked once per op)      -> COMPOSITE
 8. a device-essential op (allocation, copy, scalar read: every backend has it) -> NATIVE
 9. otherwise: copy to the CPU, run there, copy back                      -> FALLBACK
-   (a kernel the CPU host selects inside another op says so in its reason)
+
+Before all of them, on a simulated target, a kernel the CPU host selected inside another op
+(``mkldnn_rnn_layer`` under ``lstm``) is routed as the target's own member of its family
+(:mod:`.kernel_families`), with the host's kernel named in the reason.
 
 :func:`choose_route` is cached; :func:`explain` is its user-facing form.
 """
@@ -26,7 +30,7 @@ from typing import Any
 
 from .._torch_private import all_op_names, decompositions, has_kernel_for_key
 from ..errors import UsageError, format_error
-from . import ops_table, rules
+from . import kernel_families, ops_table, rules, self_decomp
 
 __all__ = ["Route", "RouteDecision", "choose_route", "decide_name", "explain", "op_name",
            "known_op_names", "is_known_op", "clear_caches"]
@@ -128,6 +132,8 @@ def op_name(op: Any, *, call: str = "torch_adapter.explain()") -> str:
 
 # -- the decision ----------------------------------------------------------------------------
 def _composite_kind(name: str) -> str | None:
+    if name in rules.RAISING_COMPOSITES:  # a hook that only raises: no composite at all
+        return None
     entry = ops_table.op_entry(name)
     if entry is not None:
         return ops_table.COMPOSITE_IMPLICIT if entry.composite_implicit else entry.composite_explicit
@@ -143,6 +149,8 @@ def _is_view(name: str) -> bool:
 
 
 def _cpu_can_run(name: str) -> bool:
+    if name in rules.RAISING_COMPOSITES:
+        return False
     entry = ops_table.op_entry(name)
     if entry is not None:
         return "CPU" in entry.keys or bool(entry.composite_explicit) or entry.composite_implicit
@@ -158,6 +166,39 @@ def _decomp_label(fn: Any) -> str:
     return f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', repr(inner))}"
 
 
+def _target_member(family: Any, profile: Any) -> Any:
+    """The member of ``family`` the target's device picks: the first whose kernel it has
+    (CPU-only members never, unless the profile is the CPU's), else the family's generic path."""
+    for member in family.members:
+        if member.host_only and profile.dispatch_key != "CPU":
+            continue
+        if profile.is_native(member.forward):
+            return member
+    return family.generic
+
+
+def _device_selected(name: str, profile: Any, registry: Any, policy: Any) -> RouteDecision | None:
+    """On a simulated target, a kernel this host selected inside another op is routed as the
+    target's own member of its family (:mod:`.kernel_families`); None when that is the op itself."""
+    if profile.live or profile.dispatch_key == "CPU":
+        return None
+    hit = kernel_families.host_member(name)
+    if hit is None:
+        return None
+    family, role = hit
+    member = _target_member(family, profile)
+    if member is None:
+        return None  # the family has no generic path: the host op is every device's (batch norm)
+    op = member.forward if role == "forward" or member.backward is None else member.backward
+    if op == name:
+        return None
+    d = decide_name(op, profile, registry, policy)
+    part = "" if role == "forward" or member.backward else " (its backward: autograd through it)"
+    reason = (f"{d.reason}. Device-selected kernel: {family.selector} picks {op}{part} ({member.backend}) on "
+              f"{profile.name}; this host ran its own {name} in its place")
+    return RouteDecision(op, d.route, reason, "device-selected")  # the host kernel runs as it is
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def decide_name(name: str, profile: Any, registry: Any = None, policy: Any = None) -> RouteDecision:
     """The route of the op called ``name`` on ``profile`` (cached; all arguments hashable).
@@ -165,6 +206,9 @@ def decide_name(name: str, profile: Any, registry: Any = None, policy: Any = Non
     ``registry`` is a :class:`~torch_adapter.routing.registry.RegistrySnapshot` or None,
     ``policy`` a :class:`~torch_adapter.routing.policy.Policy` or None.
     """
+    selected = _device_selected(name, profile, registry, policy)
+    if selected is not None:
+        return selected
     key = profile.dispatch_key
     if registry is not None and (name, profile.name) in registry.accelerated:
         return RouteDecision(name, Route.NATIVE, f"kernel registered with register_accelerated(device={profile.name!r})",
@@ -172,7 +216,9 @@ def decide_name(name: str, profile: Any, registry: Any = None, policy: Any = Non
     native = profile.is_native(name)
     forced = name in profile.forced_fallback or (policy is not None and name in policy.force_cpu)
     if native and not forced:
-        return RouteDecision(name, Route.NATIVE, f"{profile.name} has its own {key} kernel", key)
+        origin = getattr(profile, "why_native", {}).get(name)
+        return RouteDecision(name, Route.NATIVE, f"{profile.name} has its own {key} kernel"
+                             + (f" ({origin})" if origin else ""), key)
     if name in rules.METADATA_OPS:
         return RouteDecision(name, Route.NATIVE, f"metadata op: {rules.METADATA_OPS[name]}", "metadata")
 
@@ -182,7 +228,7 @@ def decide_name(name: str, profile: Any, registry: Any = None, policy: Any = Non
         by = "configure(force_cpu=...)" if policy is not None and name in policy.force_cpu else \
             f"profile {profile.source}"
         return RouteDecision(name, Route.FALLBACK, f"forced to the CPU by {by}", "cpu")
-    lacks = f"no {key} kernel"
+    lacks = f"no {key} kernel" + (f" in the {profile.name} vendor op list" if getattr(profile, "listed", 0) else "")
     if registry is not None and name in registry.fallback:
         return RouteDecision(name, Route.FALLBACK, f"{lacks}; Python implementation from register_fallback",
                              "register_fallback")
@@ -195,6 +241,10 @@ def decide_name(name: str, profile: Any, registry: Any = None, policy: Any = Non
                              f"{lacks}; CompositeImplicitAutograd: decomposes into other aten ops above autograd", kind)
     decomp = decompositions().get(name)
     unsafe = rules.TRAINING_UNSAFE_DECOMPOSITIONS.get(name)
+    if decomp is not None and unsafe is None and self_decomp.calls_itself(name, profile):
+        return RouteDecision(name, Route.FALLBACK, f"{lacks}; its torch._decomp decomposition calls the op itself "
+                             "(found once, on sample inputs), so it runs on the CPU (inputs copied there, results back)",
+                             "cpu")
     if decomp is not None and unsafe is None:
         return RouteDecision(name, Route.COMPOSITE, f"{lacks}; decomposes via torch._decomp ({_decomp_label(decomp)})",
                              "torch._decomp")
@@ -203,6 +253,8 @@ def decide_name(name: str, profile: Any, registry: Any = None, policy: Any = Non
     reason = f"{lacks} and no decomposition; runs on the CPU (inputs copied there, results back)"
     if unsafe is not None:
         reason = f"{lacks}; its torch._decomp decomposition is on the training-unsafe deny-list ({unsafe}); runs on the CPU"
+    if name in rules.RAISING_COMPOSITES:
+        reason += f"; {rules.RAISING_COMPOSITES[name]}"
     if not _cpu_can_run(name):
         reason += "; the CPU has no kernel either, so the op fails there too"
     host_note = rules.host_selected(name)

@@ -134,7 +134,7 @@ class Engine:
         return names
 
     def _needs_override(self, d: RouteDecision) -> bool:
-        if d.op in rules.ENGINE_OPS or d.via in ("view", "metadata", ops_table.COMPOSITE_IMPLICIT):
+        if d.op in rules.ENGINE_OPS or d.via in ("view", "metadata", "device-selected", ops_table.COMPOSITE_IMPLICIT):
             return False
         if d.via == "register_accelerated" or d.via == "register_fallback" or d.via == "torch._decomp":
             return True

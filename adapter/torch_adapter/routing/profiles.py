@@ -2,9 +2,12 @@
 
 Three sources, one type (:class:`CapabilityProfile`):
 
-- **built-in simulated** profiles (``cuda``, ``mps``, ``mtia``, ``xpu``, ``cpu``) from the
-  op table in torch's own ``native_functions.yaml`` (:mod:`.ops_table`); ``xpu`` is marked
-  incomplete because its kernels live outside that file;
+- **built-in simulated** profiles (``cuda``, ``mps``, ``mtia``, ``cpu``) from the op table in
+  torch's own ``native_functions.yaml`` (:mod:`.ops_table`); ``npu`` and ``xpu`` add the
+  vendors' own op tables (:mod:`.vendor_tables`: Ascend op-plugin + torch_npu, Intel
+  torch-xpu-ops), the entries that apply to the running torch; ``mtia`` is marked incomplete
+  because its kernels live outside that file. A vendor table that cannot be read leaves the
+  profile *incomplete* with the reason in its notes (never "everything native");
 - **live** profiles of real targets, read from the dispatcher
   (``_dispatch_has_kernel_for_dispatch_key``) and snapshotted before the adapter registers
   anything, so its own kernels never count as the target's;
@@ -42,9 +45,12 @@ BUILTIN: dict[str, tuple[str, bool, str]] = {
     "cuda": ("CUDA", True, ""),
     "mps": ("MPS", True, ""),
     "mtia": ("MTIA", False, "incomplete: most MTIA kernels live outside native_functions.yaml (189 listed; not even aten::empty)"),
-    "xpu": ("XPU", False, "incomplete: XPU kernels live outside native_functions.yaml"),
+    "npu": ("PrivateUse1", True, ""),
+    "xpu": ("XPU", True, ""),
     "cpu": ("CPU", True, ""),
 }
+# built-in profiles whose native ops come from a vendor table (routing/vendor_ops.json)
+VENDOR = ("npu", "xpu")
 _TOML_KEYS = {"name", "base", "dispatch_key", "description", "native", "not_native", "fallback"}
 
 
@@ -62,6 +68,10 @@ class CapabilityProfile:
     description: str = ""
     live: bool = False  # read from this process's dispatcher
     known: frozenset[str] = field(default=frozenset(), repr=False)  # op names when snapshotted
+    why_native: dict[str, str] = field(default_factory=dict, repr=False)  # op -> where its kernel comes from
+    notes: tuple[str, ...] = ()  # the table's limits and version notes (shown by `targets`)
+    listed: int = 0  # overloads the vendor table lists for this torch (0: no vendor table)
+    vendor: str = ""
 
     @property
     def native_count(self) -> int:
@@ -92,9 +102,50 @@ def _builtin(name: str) -> CapabilityProfile:
     key, complete, note = BUILTIN[name]
     table = ops_table.load_table()
     native = frozenset(n for n, e in table.items() if key in e.keys)
+    if name in VENDOR:
+        return _vendor_profile(name, key, native, str(torch.__version__))
     return CapabilityProfile(name=name, dispatch_key=key, native=native,
                              source=f"native_functions.yaml (torch {torch.__version__})",
                              complete=complete, description=note)
+
+
+_VENDOR_LIMIT = ("a vendor list names kernels: an op absent from it may still run through a Composite* kernel "
+                 "or a decomposition (routed composite), fallback only when nothing else applies")
+
+
+def _vendor_profile(name: str, key: str, own: frozenset[str], version: str,
+                    path: str | None = None) -> CapabilityProfile:
+    """``own`` (torch's own kernels for ``key``) plus the vendor table's entries for ``version``.
+    A missing or unreadable table gives an incomplete profile saying so."""
+    from . import vendor_tables
+
+    path = path or vendor_tables.DATA_FILE
+    known = frozenset(ops_table.load_table()) | frozenset(all_op_names())
+    try:
+        sel = vendor_tables.select(name, version, known, path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+        note = (f"incomplete: the vendor op table {path} cannot be read ({why}); only the {len(own)} {key} "
+                "kernels in torch's own native_functions.yaml count as native; reinstall torch-adapter or rebuild "
+                "the table (python -m torch_adapter.routing.vendor_tables build ../shared/target-data)")
+        return CapabilityProfile(name=name, dispatch_key=key, native=own, source=f"{path} (unreadable)",
+                                 complete=False, description=note, notes=(note,))
+    from .kernel_families import DEVICE_REGISTERED
+
+    why = dict(sel.native)
+    for op, where in DEVICE_REGISTERED.get(name, {}).items():
+        if op in known:
+            why.setdefault(op, where)
+    for op in own:
+        why.setdefault(op, f"torch's own {key} kernel (native_functions.yaml)")
+    origin = ", ".join(sorted({f"{s.get('repo')}@{str(s.get('commit', ''))[:10]} ({s.get('license')})"
+                               for s in sel.sources}))
+    summary = (f"complete: {sel.vendor} lists {sel.listed} aten overloads for torch {version} "
+               f"({len(why)} native here, with {len(own)} of torch's own {key} kernels)")
+    notes = (summary, *sel.notes, _VENDOR_LIMIT)
+    return CapabilityProfile(name=name, dispatch_key=key, native=frozenset(why),
+                             source=f"vendor_ops.json from {origin}", complete=True,
+                             description=summary, why_native=why, notes=notes, listed=sel.listed, vendor=sel.vendor)
 
 
 @functools.lru_cache(maxsize=None)
@@ -271,9 +322,14 @@ def simulated_rows() -> list[dict[str, Any]]:
         counts = {r: 0 for r in Route}
         for op in names:
             counts[decide_name(op, profile).route] += 1
+        complete = profile.complete
         details: dict[str, Any] = {"profile": profile.source, "dispatch_key": key, "complete": complete}
+        note = "; ".join(profile.notes) if profile.notes else note
         if note:
             details["note"] = note
+        if profile.listed:
+            details["vendor"] = profile.vendor
+            details["vendor_listed"] = profile.listed
         rows.append({"name": name, "present": True, "simulated": True, "device": host.device_type,
                      "devices": 1, "dist_backend": host.dist_backend, "details": details,  # runs on the host
                      "native_ops": profile.native_count, "composite_ops": counts[Route.COMPOSITE],

@@ -16,7 +16,17 @@ __all__ = [
     "ESSENTIAL_REASON",
     "HOST_SELECTED",
     "host_selected",
+    "RAISING_COMPOSITES",
 ]
+
+# CompositeExplicitAutograd kernels that only raise "not implemented": the hook a backend is
+# meant to override. They are no composite: an op with only this kernel falls back.
+RAISING_COMPOSITES: dict[str, str] = {
+    "aten::convolution_overrideable": "its CompositeExplicitAutograd kernel only raises 'convolution_overrideable "
+                                      "not implemented' (a hook for backends to override)",
+    "aten::convolution_backward_overrideable": "its CompositeExplicitAutograd kernel only raises 'not implemented' "
+                                               "(a hook for backends to override)",
+}
 
 # torch._decomp entries that must not be used to execute an op during training (or at
 # all, when the engine runs real numbers): the op then falls back to the CPU instead.

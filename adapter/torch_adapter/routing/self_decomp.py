@@ -1,0 +1,171 @@
+"""Does an op's ``torch._decomp`` decomposition call the op itself?
+
+Many decompositions are PyTorch's reference implementations: ``aten::var.correction``
+becomes ``prims::var``, and the prim's eager implementation (``impl_aten``) is ``torch.var``
+again — on a device without a ``var`` kernel the decomposition only re-enters the op, and
+the engine declines it and runs the call on the CPU. :func:`calls_itself` finds that out
+once per op, before anything runs, so ``explain()`` and execution agree: it runs the
+decomposition on small CPU sample inputs built from the op's schema under a dispatch mode
+that records every op called (prims expanded into their ``impl_aten``), and answers whether
+the op itself was among them. Ops whose samples cannot be built or run answer None
+(unknown: the decomposition is kept and the engine still declines at run time if needed).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+__all__ = ["calls_itself", "sample_args"]
+
+_SHAPE = (2, 3, 4, 4)  # N, C, H, W: pools, convolutions, norms and elementwise ops all take it
+_PER_CHANNEL = ("weight", "bias", "running_mean", "running_var", "mean", "invstd", "rstd", "save_mean",
+                "save_invstd", "save_var")
+
+
+def _tensor(torch: Any, name: str) -> Any:
+    if name in ("index", "indices", "target", "offsets"):
+        return torch.zeros(_SHAPE, dtype=torch.long)
+    if name in ("mask", "condition"):
+        return torch.ones(_SHAPE, dtype=torch.bool)
+    if name in _PER_CHANNEL:
+        return torch.rand(_SHAPE[1]) + 0.5
+    return torch.rand(_SHAPE) + 0.5
+
+
+def _value(torch: Any, arg: Any) -> Any:
+    if arg.has_default_value():
+        return arg.default_value
+    text = str(arg.type).replace("SymInt", "int").replace("number", "Scalar")
+    optional = text.endswith("?") or text.startswith("Optional[")
+    text = text.rstrip("?")
+    if text.startswith("Optional["):
+        text = text[len("Optional["):-1]
+    if text.startswith("List[") and text.endswith("]"):
+        text = text[len("List["):-1] + "[]"
+    name = arg.name
+    if text == "Tensor":
+        return _tensor(torch, name)
+    if text == "Tensor[]":
+        return [_tensor(torch, name), _tensor(torch, name)]
+    if optional:
+        return None
+    if text == "int":
+        return 1
+    if text.startswith("int["):
+        if "size" in name or "shape" in name:
+            return list(_SHAPE)
+        return [1] if "dim" in name else [2, 2]
+    if text == "float":
+        return 0.5
+    if text == "bool":
+        return False
+    if text.startswith("bool["):
+        return [True, True, True]
+    if text == "Scalar":
+        return 1.7  # not 0, 1, 2 or 0.5: decompositions special-case those (pow(x, 2) -> x * x)
+    if text == "str" and name != "reduce":  # scatter's deprecated reduce= warns from C++
+        return "none"
+    raise TypeError(f"no sample for {arg.name}: {arg.type}")
+
+
+def sample_args(op: Any) -> tuple[list[Any], dict[str, Any]]:
+    """Positional and keyword sample arguments for ``op`` (an OpOverload), from its schema."""
+    import torch
+
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for arg in op._schema.arguments:
+        value = _value(torch, arg)
+        if arg.kwarg_only:
+            kwargs[arg.name] = value
+        else:
+            args.append(value)
+    return args, kwargs
+
+
+_PROBING: set[tuple[str, Any]] = set()
+
+
+@functools.lru_cache(maxsize=None)
+def calls_itself(name: str, profile: Any = None) -> bool | None:
+    """True when the decomposition of ``name`` calls ``name`` (checked once per op and profile).
+
+    With a ``profile``, the ops the decomposition calls are expanded as the engine would run
+    them on that target (their own decomposition or CompositeExplicit kernel when the target
+    lacks a kernel), so a re-entry through another op's pieces counts too."""
+    if (name, profile) in _PROBING:  # a cycle between two decompositions: unknown here
+        return None
+    _PROBING.add((name, profile))
+    try:
+        return _probe(name, profile)
+    finally:
+        _PROBING.discard((name, profile))
+
+
+def _probe(name: str, profile: Any) -> bool | None:
+    from .. import _torch_private as tp
+    from . import ops_table
+
+    table = tp.decompositions()
+    fn = table.get(name)
+    if fn is None:
+        return False
+    try:
+        op = tp.resolve_op(name)
+    except AttributeError:
+        return None
+    stack = [name]
+    found: list[bool] = []
+
+    def how(func: Any) -> str | None:
+        if profile is None:
+            return None
+        from .decide import decide_name
+
+        return decide_name(func.name(), profile).via
+
+    class Probe(tp.dispatch_mode_base()):  # type: ignore[misc]
+        def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
+            kw = kw or {}
+            op_name = func.name()
+            if op_name in stack:
+                if op_name == name:
+                    found.append(True)
+                return func(*a, **kw)
+            impl = getattr(func, "impl_aten", None) if func.namespace == "prims" else None
+            if impl is not None:  # a prim: what it really runs
+                with self:
+                    return impl(*a, **kw)
+            via = how(func) if func.namespace == "aten" else None
+            if via == "torch._decomp" and op_name in table:
+                stack.append(op_name)
+                try:
+                    with self:
+                        return table[op_name](*a, **kw)
+                finally:
+                    stack.pop()
+            if via in ops_table.EXPLICIT_KEYS:
+                with self:
+                    return tp.call_composite_explicit(func, via, a, kw)
+            return func(*a, **kw)
+
+    import warnings
+
+    from .engine import state
+
+    state.bypass += 1  # an installed engine runs host kernels, unrouted and unrecorded
+    try:
+        with tp.no_dispatch_modes(), warnings.catch_warnings():  # no trace() recorder sees the probe
+            warnings.simplefilter("ignore")
+            try:
+                args, kwargs = sample_args(op)
+            except (TypeError, RuntimeError):
+                return None
+            with Probe():
+                fn(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - a sample the decomposition rejects: unknown (unless seen)
+        return True if found else None
+    finally:
+        state.bypass -= 1
+    return bool(found)
