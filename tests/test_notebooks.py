@@ -170,7 +170,8 @@ def test_quickstart_trace_inspector_and_simulated_target(quickstart):
     assert "aten::_linalg_eigh" in [f["op"] for f in sim["top_fallbacks"]]
     assert "aten::_linalg_eigh -> fallback" in text(cell(nb, "explain"))
     assert "'mps'" in text(cell(nb, "targets"))
-    assert "'cells'" in text(cell(nb, "final-status"))
+    final = text(cell(nb, "final-status"))
+    assert "torch_adapter  target cpu" in final and "{" not in final
 
 
 # -- 02 Stable Diffusion ------------------------------------------------------------------------
@@ -225,7 +226,9 @@ def test_port_routing_per_cell_and_compare(port):
     configs = ast.literal_eval(text(cell(nb, "configs")))  # the repr of a str
     assert configs.startswith("plain,redirect,adapted,mps-sim")
     compared = text(cell(nb, "compare"))
-    assert all(f"'{name}'" in compared for name in configs.split(","))
+    assert "{" not in compared and compared.startswith("throughput kept vs redirect")  # no raw dict
+    assert all(f"{name}:" in compared for name in configs.split(","))
+    assert not any(o.output_type == "execute_result" for o in cell(nb, "compare").outputs)
     assert any(WIDGET in o.get("data", {}) for o in cell(nb, "compare").outputs)  # the chart
     summary = text(cell(nb, "compare-read"))
     assert "plain: did not run" in summary and re.search(r"redirect: +100\.0%", summary)
