@@ -46,7 +46,7 @@ def stacked_bars(labels: Sequence[str], series: dict[str, Sequence[int]], colors
                  title: str, height: int = 200, bar_width: int = 28) -> str:
     """One stacked bar per label; ``series`` maps a legend name to one value per label."""
     n = len(labels)
-    left, top, bottom = 56, 24, 34
+    left, top, bottom = 56, 40, 34
     width = max(240, n * (bar_width + 8) + 16)
     totals = [sum(int(values[i]) for values in series.values()) for i in range(n)]
     ymax = nice_max(max(totals, default=0))
@@ -55,10 +55,10 @@ def stacked_bars(labels: Sequence[str], series: dict[str, Sequence[int]], colors
              f"<title>{html.escape(title)}</title>",
              f'<text x="{left}" y="14" font-weight="600">{html.escape(title)}</text>']
     parts += _axis(height, top, left, width, ymax)
-    legend_x = left + 8 + len(title) * 6
-    for name, color in colors.items():
-        parts.append(f'<rect x="{legend_x}" y="6" width="9" height="9" fill="{color}"/>'
-                     f'<text x="{legend_x + 12}" y="14">{html.escape(name)}</text>')
+    legend_x = left
+    for name, color in colors.items():  # the legend: a row of its own under the title
+        parts.append(f'<rect x="{legend_x}" y="20" width="9" height="9" fill="{color}"/>'
+                     f'<text x="{legend_x + 12}" y="28">{html.escape(name)}</text>')
         legend_x += 20 + len(name) * 6
     for i, label in enumerate(labels):
         x = left + 8 + i * (bar_width + 8)
