@@ -115,6 +115,9 @@ class Recording:
             if self.routing_log is not None:
                 meta["routing"] = self.routing_log.to_dict()
             self._trace = _chrome_trace.annotate(raw, self._decide, meta)
+            from ._callsite import cell_of
+
+            _chrome_trace.name_cells(self._trace, cell_of)  # notebook cells: "cell [N], line L"
         return self._trace
 
     def export(self, path: str | os.PathLike[str]) -> Path:
