@@ -197,6 +197,22 @@ IDLE = """() => {
 }"""
 
 
+# Run All stops at a cell that raises (untagged): the kernel is idle, later cells never run.
+STOPPED = """() => {
+    const panel = window.jupyterapp.shell.currentWidget;
+    const kernel = panel && panel.sessionContext.session && panel.sessionContext.session.kernel;
+    if (!kernel || kernel.status !== 'idle') return [];
+    const cells = panel.content.widgets;
+    const pending = cells.some(c => c.model.type === 'code' && c.model.executionCount === null);
+    if (!pending) return [];
+    return cells.filter(c => c.model.type === 'code' && !(c.model.getMetadata('tags') || []).includes('raises-exception'))
+        .flatMap(c => { const o = c.model.outputs; const errs = [];
+            for (let i = 0; i < o.length; i++) { const j = o.get(i).toJSON();
+                if (j.output_type === 'error') errs.push(`${c.model.id}: ${j.ename}: ${j.evalue}`); }
+            return errs; });
+}"""
+
+
 def run_all(page, path: str, timeout_ms: int = 120_000) -> float:
     """Open ``path``, Run All, wait until every code cell has run and the kernel is idle;
     save. Returns the seconds from Run All to idle."""
@@ -208,8 +224,10 @@ def run_all(page, path: str, timeout_ms: int = 120_000) -> float:
     }}""")
     start = time.perf_counter()
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-    page.wait_for_function(IDLE, timeout=timeout_ms, polling=250)
+    page.wait_for_function(f"() => ({IDLE})() || ({STOPPED})().length > 0", timeout=timeout_ms, polling=250)
     seconds = time.perf_counter() - start
+    stopped = page.evaluate(STOPPED)
+    assert not stopped, f"{path}: Run All stopped at an error: {stopped}"
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty")
     return seconds

@@ -1,4 +1,4 @@
-"""The tutorials in a real JupyterLab (Chromium, Playwright), as a new user runs them: Run All,
+"""Tutorials 01 and 02 in a real JupyterLab (Chromium, Playwright), as a new user runs them: Run All,
 then a look at every output. Each notebook's time from Run All to idle is printed and kept
 in test-artifacts/lab-run-all.json, with a screenshot per notebook.
 
@@ -19,7 +19,9 @@ from conftest import ROOT
 from test_notebooks import check_port_fallback_prose
 from test_lab_e2e import CHROMIUM, MIME, browser_page, note_time, run_all, shot, start_lab, stop_lab
 
-NAMES = ["01_quickstart.ipynb", "02_port_stable_diffusion.ipynb", "03_custom_ops.ipynb", "04_debugging.ipynb"]
+# 03 and 04 show errors on purpose (cells tagged raises-exception); JupyterLab's Run All stops
+# at the first error whatever the tags, so only nbclient (tests/test_notebooks.py) runs them through.
+NAMES = ["01_quickstart.ipynb", "02_port_stable_diffusion.ipynb"]
 
 pytestmark = [
     pytest.mark.slow,

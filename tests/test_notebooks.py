@@ -246,6 +246,11 @@ def test_quickstart_trace_inspector_and_simulated_target(quickstart):
 def test_quickstart_front_door(quickstart):
     check_prose_names_what_ran(quickstart)
     check_front_door("01_quickstart.ipynb", quickstart)
+    # Exported to HTML (nbconvert), the inspector is its chart and table, not an empty box.
+    from nbconvert import HTMLExporter
+
+    page, _ = HTMLExporter().from_notebook_node(quickstart)
+    assert "op calls per cell by route" in page and "torch-adapter-table" in page
 
 
 

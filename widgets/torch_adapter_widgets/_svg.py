@@ -47,7 +47,7 @@ def stacked_bars(labels: Sequence[str], series: dict[str, Sequence[int]], colors
     """One stacked bar per label; ``series`` maps a legend name to one value per label."""
     n = len(labels)
     left, top, bottom = 56, 40, 34
-    width = max(240, n * (bar_width + 8) + 16)
+    width = max(240, n * (bar_width + 8) + 16, len(title) * 6 - left + 8)
     totals = [sum(int(values[i]) for values in series.values()) for i in range(n)]
     ymax = nice_max(max(totals, default=0))
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="torch-adapter-chart" role="img" '
@@ -92,8 +92,9 @@ def bars_with_spread(names: Sequence[str], values: Sequence[float], lows: Sequen
     above its whisker, so the two never cross."""
     n = len(names)
     left, top, bottom = 56, 40, 26
-    width = max(240, n * (bar_width + 24) + 24)
-    ymax = nice_max(max([*highs, *values], default=0) * 1.08)
+    width = max(240, n * (bar_width + 24) + 24, len(title) * 6 - left + 8)
+    # The scale follows the values; a whisker beyond it is cut at the top (its tooltip has it).
+    ymax = nice_max(max(values, default=0) * 1.3)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="torch-adapter-chart" role="img" '
              f'width="{left + width + 8}" height="{top + height + bottom}" style="{_FONT}">',
              f"<title>{html.escape(title)}</title>",
@@ -110,7 +111,7 @@ def bars_with_spread(names: Sequence[str], values: Sequence[float], lows: Sequen
                      f'x="{x}" y="{y_of(values[i]):.2f}" width="{bar_width}" height="{height * values[i] / ymax:.2f}" '
                      f'fill="{colors[i]}"><title>{html.escape(name)}: {values[i]:.1f}{unit} '
                      f"(runs {lows[i]:.1f}–{highs[i]:.1f}{unit})</title></rect>")
-        y_lo, y_hi = y_of(lows[i]), y_of(highs[i])
+        y_lo, y_hi = y_of(min(lows[i], ymax)), y_of(min(highs[i], ymax))
         parts.append(f'<path d="M{mid:.1f} {y_lo:.2f}V{y_hi:.2f}M{mid - 6:.1f} {y_hi:.2f}h12M{mid - 6:.1f} {y_lo:.2f}h12" '
                      'stroke="#333" fill="none"/>')
         label_y = min(y_hi, y_of(values[i])) - 5

@@ -167,14 +167,15 @@ class RoutingInspector(w.VBox):
             ("op", "left"), ("target", "left"), ("route", "left"), ("calls", "right"), ("self ms", "right"),
             ("copied", "right"), ("cells", "left"), ("first call site", "left")))
         body = "".join(
-            f"<tr data-route='{r['route']}'><td><code>{html.escape(r['op'])}</code></td>"
-            f"<td>{html.escape(r['target'])}</td>"
-            f"<td style='color:{COLORS[r['route']]}'>{r['route']}</td>"
+            f"<tr data-route='{r['route']}'><td style='text-align:left'><code>{html.escape(r['op'])}</code></td>"
+            f"<td style='text-align:left'>{html.escape(r['target'])}</td>"
+            f"<td style='text-align:left;color:{COLORS[r['route']]}'>{r['route']}</td>"
             f"<td style='text-align:right'>{r['calls']:,}</td>"
             f"<td style='text-align:right'>{r['self_time_ms']:.3f}</td>"
             f"<td style='text-align:right'>{format_bytes(r['bytes_copied']) if r['bytes_copied'] else ''}</td>"
-            f"<td>{html.escape(' '.join(r['cells']))}</td>"
-            f"<td>{html.escape(r['sites'][0]) if r['sites'] else ''}</td></tr>" for r in shown)
+            f"<td style='text-align:left'>{html.escape(' '.join(r['cells']))}</td>"
+            f"<td style='text-align:left;white-space:nowrap'>{html.escape(r['sites'][0]) if r['sites'] else ''}</td></tr>"
+            for r in shown)
         calls = {route: sum(r["calls"] for r in rows if r["route"] == route) for route in ROUTES}
         more = (f"<div class='torch-adapter-more'>{len(rows) - len(shown)} more rows: filter or sort to see them "
                 "(<code>inspector.rows()</code> has them all)</div>") if len(rows) > len(shown) else ""

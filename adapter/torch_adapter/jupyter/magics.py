@@ -202,11 +202,13 @@ def _log_html(log: Any, limit: int | None) -> str:
         ("op", "left"), ("route", "left"), ("calls", "right"), ("self ms", "right"), ("copied", "right"),
         ("reason", "left"), ("first call site", "left")))
     body = "".join(
-        f"<tr data-route='{r.route}'><td><code>{'&nbsp;&nbsp;└ ' if r.parent else ''}{html.escape(r.op)}</code></td>"
-        f"<td style='color:{_ROUTE_COLORS[r.route]}'>{r.route}</td><td style='text-align:right'>{r.calls:,}</td>"
+        f"<tr data-route='{r.route}'><td style='text-align:left'><code>{'&nbsp;&nbsp;└ ' if r.parent else ''}"
+        f"{html.escape(r.op)}</code></td>"
+        f"<td style='text-align:left;color:{_ROUTE_COLORS[r.route]}'>{r.route}</td><td style='text-align:right'>{r.calls:,}</td>"
         f"<td style='text-align:right'>{r.self_time_ns / 1e6:.2f}</td>"
         f"<td style='text-align:right'>{_fmt_bytes(r.bytes_copied) if r.bytes_copied else ''}</td>"
-        f"<td>{html.escape(r.reason)}</td><td>{html.escape(site_text(r.site))}</td></tr>" for r in shown)
+        f"<td style='text-align:left'>{html.escape(r.reason)}</td>"
+        f"<td style='text-align:left;white-space:nowrap'>{html.escape(site_text(r.site))}</td></tr>" for r in shown)
     more = (f"<div>{len(records) - len(shown)} more entries: <code>_adapter_log.table()</code> has them all</div>"
             if len(records) > len(shown) else "")
     s = log.summary()
