@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 import torch
 from IPython.core.error import UsageError
@@ -9,6 +12,7 @@ from IPython.testing import globalipapp
 from IPython.utils.capture import capture_output
 
 from torch_adapter.jupyter import extension, schema
+from torch_adapter_widgets.inspector import format_bytes
 
 CUDA_CELL = "import torch\nx = torch.randn(8, 8).cuda()\ny = torch.nn.functional.linear(x, x).relu().sum()\n"
 
@@ -106,12 +110,32 @@ def test_adapter_magic_status_target_policy(ip):
     run(ip, CUDA_CELL)
     status = ip.run_line_magic("adapter", "")
     assert status["target"] == "cpu" and status["policy"] == "allow" and status["cells"] == 1
-    assert ip.run_line_magic("adapter", "policy warn") == "torch_adapter: fallback policy warn"
+    assert status["schema"] == schema.STATUS_SCHEMA and status["amp_dtype"] == "auto"
+    # Shown as lines, not as a dict, with the AMP dtype the policy resolves to on this target.
+    shown = ip.display_formatter.format(status)[0]["text/plain"]
+    assert "{" not in shown and "target cpu" in shown and "bfloat16 (policy auto" in shown
+    with capture_output() as cap:
+        assert ip.run_line_magic("adapter", "policy warn") is None  # no quoted string repr
+    assert cap.stdout == "torch_adapter: fallback policy warn\n"
     assert ip.run_line_magic("adapter", "")["policy"] == "warn"
-    assert "off" in ip.run_line_magic("adapter", "observe off")
+    with capture_output() as cap:
+        ip.run_line_magic("adapter", "observe off")
+    assert "off" in cap.stdout
     _, bundles, _ = run(ip, CUDA_CELL)
     assert bundles == []
     ip.run_line_magic("adapter", "observe on")
+
+
+def test_a_target_switch_tells_the_front_end(ip):
+    sent = []
+    router = extension.router()
+    router.publish_status = lambda: sent.append(router.status())  # the comm needs a kernel; see test_jupyter_kernel
+    with capture_output() as cap:
+        ip.run_line_magic("adapter", "target mps --simulate")
+    assert cap.stdout == "torch_adapter: target mps (simulated on cpu)\n"
+    assert [(s["target"], s["simulated"]) for s in sent] == [("mps", True)]
+    state = extension.front_end_state()
+    assert state["status"]["target"] == "mps" and state["payloads"] == router.payloads
 
 
 @pytest.mark.parametrize("line,match", [
@@ -126,7 +150,7 @@ def test_adapter_magic_typos_are_usage_errors(ip, line, match):
         ip.run_line_magic("adapter", line)
 
 
-def test_adapter_trace_shows_the_full_table_with_call_sites(ip):
+def test_adapter_trace_shows_the_full_table_with_cell_relative_call_sites(ip):
     run(ip, "import torch\nw = torch.randn(4, 4, device='cuda')")
     with capture_output() as cap:
         ip.run_cell_magic("adapter_trace", "", "v = torch.mm(w, w)\nu = v.sum()\n")
@@ -134,16 +158,34 @@ def test_adapter_trace_shows_the_full_table_with_call_sites(ip):
     ops = {r["op"] for r in log.table()}
     assert "aten::mm" in ops and "aten::sum" in ops
     mm = next(r for r in log.table() if r["op"] == "aten::mm")
-    assert mm["site"] and mm["site"]["file"].startswith("<ipython-input") and mm["site"]["line"] == 1
-    html = next(o.data["text/html"] for o in cap.outputs if "text/html" in o.data and "torch-adapter-trace" in o.data["text/html"])
-    assert "aten::mm" in html
+    # Line 1 of the cell is %%adapter_trace: the body's first line is the cell's line 2.
+    assert mm["site"]["file"].startswith("<ipython-input") and mm["site"]["line"] == 2
+    cell = mm["site"]["cell"]
+    assert cell == ip.execution_count
+    (data,) = [o.data for o in cap.outputs if "text/html" in o.data and "torch-adapter-trace" in o.data["text/html"]]
+    # Lab renders application/json first (a JSON tree): the bundle is the table only.
+    assert set(data) == {"text/plain", "text/html"}
+    assert "aten::mm" in data["text/html"] and f"cell [{cell}], line 2" in data["text/html"]
+    assert f"cell [{cell}], line 2" in data["text/plain"] and "ipython-input" not in data["text/plain"]
 
 
-def test_adapter_compare_interleaves_and_returns_the_data(ip):
+def test_a_fallback_site_names_the_cell_and_line(ip):
+    ip.run_line_magic("adapter", "target mps --simulate")
+    _, bundles, _ = run(ip, "import torch\nx = torch.randn(4, 4).cuda()\n"
+                            "values, indices = torch.mode((x * 4).round(), dim=1)\n")
+    payload = bundles[0][schema.MIME]
+    (mode,) = [f for f in payload["top_fallbacks"] if f["op"] == "aten::mode"]
+    assert re.fullmatch(r"cell \[\d+\], line 3", mode["site"]), mode["site"]
+    assert "cell [" in bundles[0]["text/plain"] and "ipython-input" not in bundles[0]["text/html"]
+
+
+def test_adapter_compare_interleaves_and_keeps_the_data(ip):
     run(ip, "import torch\nm = torch.nn.Linear(32, 32).cuda()\nxx = torch.randn(16, 32, device='cuda')")
-    with capture_output():
-        result = ip.run_cell_magic("adapter_compare", "--configs redirect,adapted,mps-sim -n 2 --warmup 1",
-                                   "for _ in range(3):\n    m(xx).sum().backward()\n")
+    with capture_output() as cap:
+        returned = ip.run_cell_magic("adapter_compare", "--configs redirect,adapted,mps-sim -n 2 --warmup 1",
+                                     "for _ in range(3):\n    m(xx).sum().backward()\n")
+    assert returned is None  # no dict of floats echoed under the chart
+    result = ip.user_ns["_adapter_compare"]
     assert list(result) == ["redirect", "adapted", "mps-sim"]
     for name, row in result.items():
         assert row["error"] is None and len(row["runs_s"]) == 2 and row["kept"] > 0
@@ -152,17 +194,24 @@ def test_adapter_compare_interleaves_and_returns_the_data(ip):
     from torch_adapter.session import current
 
     assert current().target.name == "cpu" and not current().target.simulated
+    (data,) = [o.data for o in cap.outputs if "application/vnd.jupyter.widget-view+json" in o.data]
+    assert data["text/plain"].startswith("throughput kept vs redirect")
+    assert data["text/html"].count("torch-adapter-value") == 3 and "Baseline (100 %): <b>redirect</b>" in data["text/html"]
 
 
-def test_adapter_compare_reports_a_configuration_that_cannot_run(ip):
+def test_adapter_compare_says_why_the_baseline_moved(ip):
     if torch.cuda.is_available() and torch.version.cuda:
         pytest.skip("plain CUDA works on this machine")
     run(ip, "import torch")
-    with capture_output():
-        result = ip.run_cell_magic("adapter_compare", "--configs redirect,plain -n 1 --warmup 0",
-                                   "torch.ones(2, device='cuda')\n")
-    assert result["redirect"]["error"] is None
+    with capture_output() as cap:
+        ip.run_cell_magic("adapter_compare", "--configs plain,redirect -n 1 --warmup 0",
+                          "torch.ones(2, device='cuda')\n")
+    result = ip.user_ns["_adapter_compare"]
+    assert result["redirect"]["error"] is None and result["redirect"]["kept"] == 1.0
     assert result["plain"]["error"] and result["plain"]["median_s"] is None
+    (data,) = [o.data for o in cap.outputs if "text/html" in o.data]
+    assert "Baseline (100 %): <b>redirect</b> — <b>plain</b>, listed first, could not run here" in data["text/html"]
+    assert "plain: could not run" in data["text/plain"]
 
 
 @pytest.mark.parametrize("line,match", [
@@ -175,24 +224,73 @@ def test_adapter_compare_bad_arguments(ip, line, match):
         ip.run_cell_magic("adapter_compare", line, "pass\n")
 
 
-def test_inspector_updates_once_per_cell(ip):
-    inspector = ip.run_line_magic("adapter_inspector", "")
-    run(ip, CUDA_CELL)
+def _open_inspector(ip):
+    with capture_output() as cap:
+        assert ip.run_line_magic("adapter_inspector", "") is None  # displayed once, not echoed again
+    return ip.user_ns["_adapter_inspector"], cap
+
+
+def test_inspector_chart_and_table_cover_the_same_cells(ip):
+    run(ip, CUDA_CELL)  # before the inspector opens: it must still be in the table
+    inspector, _ = _open_inspector(ip)
     run(ip, "q = 1")  # no ops: no update
-    run(ip, CUDA_CELL)
-    bars = {t.name: list(t.y) for t in inspector.figure.data}
+    ip.run_line_magic("adapter", "target mps --simulate")
+    run(ip, CUDA_CELL + "values, indices = torch.mode((x * 4).round(), dim=1)\n")
     payloads = extension.router().payloads
-    assert len(inspector.cells) == 2
-    assert bars["native"] == [p["counts"]["native"] for p in payloads]
+    assert len(inspector.cells) == len(payloads) == 2
+    # The chart's bars are the payloads' counts, one per cell ...
+    for route in ("native", "composite", "fallback"):
+        bars = [int(v) for v in re.findall(rf'data-route="{route}" data-value="(\d+)"', inspector.chart.value)]
+        assert bars == [p["counts"][route] for p in payloads if p["counts"][route]]
+    # ... and the table's rows add up to the same totals.
     rows = inspector.rows()
-    assert rows and rows[0]["calls"] >= rows[-1]["calls"]
+    for route in ("native", "composite", "fallback"):
+        assert sum(r["calls"] for r in rows if r["route"] == route) == inspector.totals()[route] == \
+            sum(p["counts"][route] for p in payloads)
+    # Targets are a column: aten::linear once per target, never mixed.
+    linear = [(r["target"], r["route"]) for r in rows if r["op"] == "aten::linear"]
+    assert len(linear) == len(set(linear)) == 2 and {t for t, _ in linear} == {"cpu", "mps (simulated)"}
+    mode = next(r for r in rows if r["op"] == "aten::mode")
+    assert mode["sites"][0].startswith("cell [") and mode["sites"][0].endswith(", line 4")
+    inspector.filter.value = "aten::mode"
+    assert mode["bytes_copied"] > 0 and f">{format_bytes(mode['bytes_copied'])}</td>" in inspector.table.value
+
+
+def test_bytes_read_as_the_badge_writes_them():
+    assert [format_bytes(n) for n in (0, 1000, 33024, 1536 * 1024)] == ["0 B", "1000 B", "32.3 KiB", "1.5 MiB"]
+
+
+def test_inspector_table_is_capped_filtered_and_sorted(ip):
+    run(ip, CUDA_CELL)
+    inspector, _ = _open_inspector(ip)
+    inspector.max_rows = 3
+    inspector._refresh()
+    rows = inspector.rows()
+    assert len(rows) > 3 and inspector.table.value.count("<tr data-route") == 3
+    assert f"{len(rows) - 3} more rows" in inspector.table.value
+    assert rows[0]["calls"] >= rows[-1]["calls"]
     inspector.filter.value = "relu"
     assert {r["op"].split(".")[0] for r in inspector.rows()} <= {"aten::relu"}
     inspector.filter.value = ""
     inspector.sort.value = "op"
     assert [r["op"] for r in inspector.rows()] == sorted(r["op"] for r in inspector.rows())
-    inspector.select.value = inspector.select.options[0]
+    inspector.target_filter.value = "cpu"
+    assert inspector.rows() and {r["target"] for r in inspector.rows()} == {"cpu"}
+    inspector.select.value = inspector.select.options[0][1]
     assert "call sites" in inspector.details.value
+
+
+def test_inspector_renders_without_widgets(ip):
+    run(ip, CUDA_CELL)
+    inspector, cap = _open_inspector(ip)
+    (data,) = [o.data for o in cap.outputs if "application/vnd.jupyter.widget-view+json" in o.data]
+    assert data["text/plain"].startswith("torch_adapter RoutingInspector: 1 cells")
+    assert "<svg" in data["text/html"] and "aten::linear" in data["text/html"]
+    # The widget state is data (a few kB of SVG and HTML), not a JavaScript bundle.
+    import ipywidgets
+
+    size = len(json.dumps(ipywidgets.Widget.get_manager_state(widgets=[inspector, *inspector.children])))
+    assert size < 60_000, size
 
 
 def test_adapter_check_shows_the_report_inline(ip, tmp_path):

@@ -61,17 +61,33 @@ def test_comm_messages_carry_the_same_payloads(executed):
     nb, client = executed
     by_cell = {}
     for index, data in client.comm_opens:
-        by_cell.setdefault(index, []).append(data)
+        if data["schema"] == "torch-adapter.cell-routing":
+            by_cell.setdefault(index, []).append(data)
     assert set(by_cell) == {1, 3, 5}
     assert by_cell[1][0] == bundles(nb.cells[1])[0]
-    assert by_cell[1][0]["schema"] == "torch-adapter.cell-routing"
 
 
-def test_adapter_trace_lists_the_traced_ops(executed):
+def test_a_target_switch_sends_the_status(executed):
+    # `%adapter target` runs no op, so no routing payload: a status message tells the
+    # front end (its panel follows the session's current target).
+    nb, client = executed
+    statuses = [(index, data) for index, data in client.comm_opens if data["schema"] == "torch-adapter.status"]
+    assert [(i, d["target"], d["simulated"]) for i, d in statuses] == [(4, "mps", True)]
+    text = "".join(o.get("text", "") for o in nb.cells[4].outputs)
+    assert text == "torch_adapter: target mps (simulated on cpu)\n"  # a line, not a quoted string
+    assert not any(o.output_type == "execute_result" for o in nb.cells[4].outputs)
+
+
+def test_adapter_trace_lists_the_traced_ops_with_cell_sites(executed):
     nb, _ = executed
-    text = "".join(o.get("data", {}).get("text/plain", "") for o in nb.cells[3].outputs)
+    (table,) = [o for o in nb.cells[3].outputs if "torch-adapter-trace" in o.get("data", {}).get("text/html", "")]
+    assert set(table["data"]) == {"text/plain", "text/html"}  # no application/json: Lab would show a JSON tree
+    text = table["data"]["text/plain"]
     assert "aten::mul" in text or "aten::bmm" in text
     assert "native" in text
+    # The einsum is on the cell's line 2 (line 1 is %%adapter_trace), never the kernel's temp file.
+    assert "cell [4], line 2" in table["data"]["text/html"] and "/tmp/" not in table["data"]["text/html"]
+    assert "ipykernel" not in text
 
 
 def test_text_fallbacks_for_other_front_ends(executed):

@@ -8,8 +8,10 @@ The screenshot lands in test-artifacts/lab.png.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -27,6 +29,7 @@ CHROMIUM = "/usr/bin/chromium"
 TOKEN = "torch-adapter-e2e"
 NOTEBOOK = "cuda_cells.ipynb"
 ARTIFACT = ROOT / "test-artifacts" / "lab.png"
+BUILT = ROOT / "adapter" / "torch_adapter" / "labextension"
 
 # The notebook a user would write for a CUDA machine, run unchanged.
 CELLS = [
@@ -44,11 +47,19 @@ CELLS = [
     "z = torch.special.zeta(x.abs() + 2, x.abs() + 1).sum().cuda()\n"
     "values, indices = torch.mode((x * 4).round(), dim=1)\n"
     "print(float(z) > 0, values.device)",
+    "%adapter_inspector",
+    "%%adapter_trace --limit 10\nvalues, indices = torch.mode((x * 3).round(), dim=0)",
+    "%%adapter_compare --configs plain,redirect,adapted -n 2 --warmup 0\nmodel(x.cuda()).sum()",
     *[f"Notes, part {i}: a long notebook, so that a windowed notebook detaches cells." for i in range(30)],
     "loss = model(x).sum()\nloss.backward()",
+    "%adapter target auto",
 ]
-MARKDOWN = range(5, len(CELLS) - 1)
-RAN_OPS = {1, 4, len(CELLS) - 1}
+MARKDOWN = range(8, len(CELLS) - 2)
+FALLBACK, INSPECTOR, TRACE, COMPARE, LAST = 4, 5, 6, 7, len(CELLS) - 2
+RAN_OPS = {1, FALLBACK, TRACE, LAST}
+ARTIFACTS = ROOT / "test-artifacts"
+TIMES = ARTIFACTS / "lab-run-all.json"
+SITE = r"cell \[\d+\], line \d+"
 
 pytestmark = [
     pytest.mark.timeout(240),
@@ -77,16 +88,21 @@ def _wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout: float
     raise RuntimeError(f"jupyter lab did not answer {url} within {timeout} s:\n{log.read_text()[-4000:]}")
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """A JupyterLab server in a temp dir holding the notebook; yields (base URL, root dir)."""
-    root = tmp_path_factory.mktemp("lab")
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nb.cells = [nbformat.v4.new_markdown_cell(source) if i in MARKDOWN else nbformat.v4.new_code_cell(source)
-                for i, source in enumerate(CELLS)]
-    nbformat.write(nb, root / NOTEBOOK)
+def _this_build(root: Path) -> dict[str, str]:
+    """JUPYTER_PATH naming this checkout's built extension first, so the browser runs the
+    build under test even where an older copy is installed (the first one found wins)."""
+    if not (BUILT / "package.json").exists():
+        return {}  # not built here: the installed extension is what there is
+    data = root / ".jupyter-data"
+    (data / "labextensions").mkdir(parents=True, exist_ok=True)
+    (data / "labextensions" / "torch-adapter-labextension").symlink_to(BUILT, target_is_directory=True)
+    paths = [str(data), *filter(None, os.environ.get("JUPYTER_PATH", "").split(os.pathsep))]
+    return {"JUPYTER_PATH": os.pathsep.join(paths)}
 
+
+def start_lab(root: Path, settings_extra: dict | None = None):
+    """Start `jupyter lab` in ``root`` (news off, windowing ``full``, keepInMetadata on);
+    returns (process, base URL)."""
     settings = root / ".settings"
     notification = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     notification.parent.mkdir(parents=True)
@@ -97,8 +113,8 @@ def lab(tmp_path_factory):
     tracker.write_text(json.dumps({"windowingMode": "full"}))
     ours = settings / "torch-adapter-labextension" / "plugin.jupyterlab-settings"
     ours.parent.mkdir(parents=True)
-    ours.write_text(json.dumps({"keepInMetadata": True}))
-    env = {**os.environ,
+    ours.write_text(json.dumps({"keepInMetadata": True, **(settings_extra or {})}))
+    env = {**os.environ, **_this_build(root),
            "JUPYTERLAB_SETTINGS_DIR": str(settings),
            "JUPYTERLAB_WORKSPACES_DIR": str(root / ".workspaces"),
            "JUPYTER_RUNTIME_DIR": str(root / ".runtime"),
@@ -115,39 +131,130 @@ def lab(tmp_path_factory):
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_for_server(f"{base}/api/status?token={TOKEN}", proc, log)
-        yield base, root
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+    except BaseException:
+        stop_lab(proc)
+        raise
+    return proc, base
+
+
+def stop_lab(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
-def page(lab):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="Python playwright is not installed (the dev extra has it)")
-    sync_playwright = sync_api.sync_playwright
+def lab(tmp_path_factory):
+    """A JupyterLab server in a temp dir holding the notebook; yields (base URL, root dir)."""
+    root = tmp_path_factory.mktemp("lab")
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nb.cells = [nbformat.v4.new_markdown_cell(source) if i in MARKDOWN else nbformat.v4.new_code_cell(source)
+                for i, source in enumerate(CELLS)]
+    nbformat.write(nb, root / NOTEBOOK)
+    proc, base = start_lab(root)
+    try:
+        yield base, root
+    finally:
+        stop_lab(proc)
 
-    base, _ = lab
-    with sync_playwright() as p:
+
+@contextlib.contextmanager
+def browser_page(base: str):
+    """Chromium on JupyterLab at ``base``, restored and with kernelspecs known."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="Python playwright is not installed (the dev extra has it)")
+    with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--disable-gpu", "--disable-dev-shm-usage"])
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1000})
             page.set_default_timeout(60_000)
-            page.goto(f"{base}/lab?token={TOKEN}")
-            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.started", timeout=90_000)
-            # Before opening a notebook: the app must be restored and the kernelspecs known,
-            # or a "Select Kernel" dialog waits for a click.
-            page.evaluate("""async () => {
-                const app = window.jupyterapp;
-                await app.restored;
-                await app.serviceManager.kernelspecs.ready;
-            }""")
+            goto_lab(page, base)
             yield page
         finally:
             browser.close()
+
+
+def goto_lab(page, base: str) -> None:
+    """Load (or reload) JupyterLab and wait until it is restored. Before opening a notebook
+    the kernelspecs must be known, or a "Select Kernel" dialog waits for a click."""
+    page.goto(f"{base}/lab?token={TOKEN}")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.started", timeout=90_000)
+    page.evaluate("""async () => {
+        const app = window.jupyterapp;
+        await app.restored;
+        await app.serviceManager.kernelspecs.ready;
+    }""")
+
+
+IDLE = """() => {
+    const panel = window.jupyterapp.shell.currentWidget;
+    const kernel = panel && panel.sessionContext.session && panel.sessionContext.session.kernel;
+    if (!kernel || kernel.status !== 'idle') return false;
+    return panel.content.widgets.every(cell => cell.model.type !== 'code' || cell.model.executionCount !== null);
+}"""
+
+
+# Run All stops at a cell that raises (untagged): the kernel is idle, later cells never run.
+STOPPED = """() => {
+    const panel = window.jupyterapp.shell.currentWidget;
+    const kernel = panel && panel.sessionContext.session && panel.sessionContext.session.kernel;
+    if (!kernel || kernel.status !== 'idle') return [];
+    const cells = panel.content.widgets;
+    const pending = cells.some(c => c.model.type === 'code' && c.model.executionCount === null);
+    if (!pending) return [];
+    return cells.filter(c => c.model.type === 'code' && !(c.model.getMetadata('tags') || []).includes('raises-exception'))
+        .flatMap(c => { const o = c.model.outputs; const errs = [];
+            for (let i = 0; i < o.length; i++) { const j = o.get(i).toJSON();
+                if (j.output_type === 'error') errs.push(`${c.model.id}: ${j.ename}: ${j.evalue}`); }
+            return errs; });
+}"""
+
+
+def run_all(page, path: str, timeout_ms: int = 120_000) -> float:
+    """Open ``path``, Run All, wait until every code cell has run and the kernel is idle;
+    save. Returns the seconds from Run All to idle."""
+    page.evaluate(f"""async () => {{
+        const app = window.jupyterapp;
+        const panel = await app.commands.execute('docmanager:open', {{path: '{path}'}});
+        await panel.context.ready;
+        await panel.sessionContext.ready;
+    }}""")
+    start = time.perf_counter()
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    page.wait_for_function(f"() => ({IDLE})() || ({STOPPED})().length > 0", timeout=timeout_ms, polling=250)
+    seconds = time.perf_counter() - start
+    stopped = page.evaluate(STOPPED)
+    assert not stopped, f"{path}: Run All stopped at an error: {stopped}"
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty")
+    return seconds
+
+
+def note_time(name: str, seconds: float) -> None:
+    """Keep the Run All → idle time of a notebook in test-artifacts/lab-run-all.json."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
+    times[name] = round(seconds, 1)
+    TIMES.write_text(json.dumps(times, indent=1, sort_keys=True))
+    print(f"\n{name}: Run All → idle in {seconds:.1f} s (JupyterLab, Chromium)")
+
+
+def shot(page, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / name
+    page.screenshot(path=str(path))
+    assert path.stat().st_size > 10_000
+    return path
+
+
+@pytest.fixture(scope="module")
+def page(lab):
+    base, _ = lab
+    with browser_page(base) as page:
+        yield page
 
 
 @pytest.fixture(scope="module")
@@ -156,21 +263,7 @@ def ran(page, lab):
     _, root = lab
     assert page.evaluate("() => window.jupyterapp.hasPlugin('torch-adapter-labextension:plugin')"), (
         "the Lab extension is not installed in this environment: `pip install -e \".[dev]\"` builds and installs it")
-    page.evaluate(f"""async () => {{
-        const app = window.jupyterapp;
-        const panel = await app.commands.execute('docmanager:open', {{path: '{NOTEBOOK}'}});
-        await panel.context.ready;
-        await panel.sessionContext.ready;
-        await app.commands.execute('notebook:run-all-cells');
-    }}""")
-    page.wait_for_function("""() => {
-        const panel = window.jupyterapp.shell.currentWidget;
-        const kernel = panel && panel.sessionContext.session && panel.sessionContext.session.kernel;
-        if (!kernel || kernel.status !== 'idle') return false;
-        return panel.content.widgets.every(cell => cell.model.type !== 'code' || cell.model.executionCount !== null);
-    }""", timeout=120_000, polling=250)
-    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
-    page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty")
+    note_time(NOTEBOOK, run_all(page, NOTEBOOK))
     saved = nbformat.read(root / NOTEBOOK, as_version=4)
     return saved
 
@@ -180,73 +273,183 @@ def _payloads(cell) -> list[dict]:
             if o.get("output_type") == "display_data" and MIME in o.get("data", {})]
 
 
+# Every visible badge of each cell (the output's, and the one under the input when shown).
 BADGES = """() => window.jupyterapp.shell.currentWidget.content.widgets.map(cell => {
-    const badge = cell.node.querySelector('.jp-TorchAdapter-cellBadge:not(.lm-mod-hidden) .jp-TorchAdapter-badge');
-    return badge ? {text: badge.textContent, title: badge.title, ...badge.dataset} : null;
+    const all = [...cell.node.querySelectorAll('.jp-TorchAdapter-badge')].filter(b =>
+        !b.closest('.lm-mod-hidden') && !b.closest('.jp-TorchAdapter-panel'));
+    return all.map(badge => ({text: badge.textContent, title: badge.title, saved: badge.classList.contains('jp-mod-saved'),
+                              inOutput: badge.closest('.jp-OutputArea') !== null, ...badge.dataset}));
 })"""
+FALLBACK_LINES = """index => [...window.jupyterapp.shell.currentWidget.content.widgets[index].node
+    .querySelectorAll('.jp-OutputArea .jp-TorchAdapter-fallback')].map(li => li.textContent)"""
+PANEL = "#torch-adapter-routing-panel"
+SCROLL_TO = """async index => {
+    const notebook = window.jupyterapp.shell.currentWidget.content;
+    await notebook.scrollToCell(notebook.widgets[index], 'start');
+}"""
 
 
-def test_a_badge_on_each_cell_that_ran_ops_and_none_elsewhere(ran, page):
+def _kernel_totals(nb) -> dict:
+    return max((p["session"] for cell in nb.cells for p in _payloads(cell)), key=lambda s: s["cells"])
+
+
+def test_one_badge_per_cell_that_ran_ops_and_none_elsewhere(ran, page):
     for index, cell in enumerate(ran.cells):
         assert bool(_payloads(cell)) == (index in RAN_OPS), (index, cell.outputs)
-    page.wait_for_function(f"() => ({BADGES})().filter(b => b !== null).length >= {len(RAN_OPS)}", timeout=30_000)
+    page.evaluate(SCROLL_TO, 0)
+    page.wait_for_function(f"() => ({BADGES})()[{FALLBACK}].length === 1", timeout=30_000)
     badges = page.evaluate(BADGES)
-    assert {i for i, b in enumerate(badges) if b is not None} == RAN_OPS, badges
-    for index in RAN_OPS:
+    # One rendering per cell in Lab: the output's badge (no second pill under the input).
+    assert {i: len(b) for i, b in enumerate(badges) if b and i < LAST} == {i: 1 for i in RAN_OPS if i < LAST}, badges
+    for index in RAN_OPS - {LAST}:
         (payload,) = _payloads(ran.cells[index])
-        badge = badges[index]
+        (badge,) = badges[index]
+        assert badge["inOutput"]
         assert [int(badge[r]) for r in ("native", "composite", "fallback")] == [
             payload["counts"][r] for r in ("native", "composite", "fallback")]
         assert f"{payload['counts']['native']} native" in badge["text"]
         assert badge["level"] == ("fallback" if payload["counts"]["fallback"] else
                                   "composite" if payload["counts"]["composite"] else "native")
         assert badge["title"].startswith("torch_adapter · target ")
-    # On simulated MPS, aten::mode has no kernel and no decomposition: the badge is coloured
-    # and its tooltip names the op.
-    assert badges[4]["level"] == "fallback" and "aten::mode" in badges[4]["title"]
+    # On simulated MPS, aten::mode has no kernel and no decomposition: the badge is coloured,
+    # and the op and the line that called it are written under it, without hovering.
+    assert badges[FALLBACK][0]["level"] == "fallback"
+    count = ran.cells[FALLBACK].execution_count
+    lines = page.evaluate(FALLBACK_LINES, FALLBACK)
+    assert any(line.startswith(f"aten::mode ×1 at cell [{count}], line 2") for line in lines), lines
+    assert not any("/tmp/" in line or "ipykernel" in line for line in lines)
+    shot(page, "lab-badges.png")
 
 
-def test_the_output_renders_as_a_compact_badge(ran, page):
-    shown = page.evaluate("""() => window.jupyterapp.shell.currentWidget.content.widgets.map(
-        cell => cell.node.querySelectorAll('.jp-OutputArea .jp-TorchAdapter-output .jp-TorchAdapter-badge').length)""")
-    assert [i for i, n in enumerate(shown) if n] == sorted(RAN_OPS), shown
+def test_the_trace_is_a_table_with_cell_relative_sites(ran, page):
+    page.evaluate(SCROLL_TO, TRACE)
+    trace = f"() => window.jupyterapp.shell.currentWidget.content.widgets[{TRACE}].node"
+    page.wait_for_function(f"() => ({trace})().querySelector('.jp-OutputArea table') !== null")
+    shown = page.evaluate(f"""() => {{
+        const node = ({trace})();
+        const table = node.querySelector('.jp-OutputArea .torch-adapter-trace table');
+        return {{json: node.querySelectorAll('.jp-RenderedJSON').length,
+                rows: table ? table.querySelectorAll('tbody tr').length : 0,
+                visible: table ? table.getBoundingClientRect().height > 40 : false,
+                text: table ? table.innerText : ''}};
+    }}""")
+    assert shown["json"] == 0 and shown["visible"] and 0 < shown["rows"] <= 10, shown
+    count = ran.cells[TRACE].execution_count
+    assert f"cell [{count}], line 2" in shown["text"] and "aten::mode" in shown["text"]
+    assert "/tmp/" not in shown["text"]
+    shot(page, "lab-trace.png")
 
 
-def test_the_panel_totals_equal_the_kernels(ran, page):
-    kernel = max((p["session"] for cell in ran.cells for p in _payloads(cell)), key=lambda s: s["cells"])
+INSPECTOR_JS = f"""() => {{
+    const node = window.jupyterapp.shell.currentWidget.content.widgets[{INSPECTOR}].node;
+    const root = node.querySelector('.torch-adapter-inspector');
+    if (!root) return null;
+    const bars = [...root.querySelectorAll('rect.torch-adapter-bar')].map(r => ({{cell: r.dataset.cell, route: r.dataset.route, value: Number(r.dataset.value)}}));
+    const totals = root.querySelector('.torch-adapter-table-totals');
+    return {{bars, rows: root.querySelectorAll('.torch-adapter-table tbody tr').length,
+            table: totals ? {{native: Number(totals.dataset.native), composite: Number(totals.dataset.composite),
+                             fallback: Number(totals.dataset.fallback)}} : null,
+            height: root.querySelector('.torch-adapter-table').getBoundingClientRect().height,
+            text: root.innerText}};
+}}"""
+
+
+def _check_inspector(page, nb) -> dict:
+    page.evaluate(SCROLL_TO, INSPECTOR)
+    page.wait_for_function(f"() => {{ const s = ({INSPECTOR_JS})(); return s && s.bars.length > 0; }}", timeout=60_000)
+    shown = page.evaluate(INSPECTOR_JS)
+    reported = [c for c in nb.cells if _payloads(c)]
+    # The chart covers every cell that reported, those before the inspector opened included ...
+    assert sorted({b["cell"] for b in shown["bars"]}) == sorted(f"[{c.execution_count}]" for c in reported)
+    chart = {r: sum(b["value"] for b in shown["bars"] if b["route"] == r) for r in ("native", "composite", "fallback")}
+    expected = {r: sum(_payloads(c)[0]["counts"][r] for c in reported) for r in chart}
+    # ... and the table the same cells: the same totals.
+    assert chart == expected == shown["table"], shown
+    assert 0 < shown["rows"] <= 20 and shown["height"] <= 400  # capped, the op picker above it
+    assert "/tmp/" not in shown["text"] and "ipykernel" not in shown["text"]
+    return shown
+
+
+def test_the_inspector_chart_and_table_agree(ran, page):
+    # The last op cell ran after the inspector opened: it is in the chart and the table.
+    shown = _check_inspector(page, ran)
+    assert f"[{ran.cells[LAST].execution_count}]" in {b["cell"] for b in shown["bars"]}
+    assert "mps (simulated)" in shown["text"] and "cpu" in shown["text"]  # the target column
+    shot(page, "lab-inspector.png")
+
+
+def test_the_comparison_shows_a_chart_not_a_dict(ran, page):
+    outputs = ran.cells[COMPARE].outputs
+    assert not any(o.output_type == "execute_result" for o in outputs)
+    page.evaluate(SCROLL_TO, COMPARE)
+    node = f"() => window.jupyterapp.shell.currentWidget.content.widgets[{COMPARE}].node"
+    page.wait_for_function(f"() => ({node})().querySelector('.torch-adapter-compare svg') !== null", timeout=60_000)
+    text = page.evaluate(f"() => ({node})().querySelector('.jp-Cell-outputWrapper').innerText")
+    assert "{" not in text and "runs_s" not in text, text
+    assert "Baseline (100 %): redirect — plain, listed first, could not run here" in text
+    labels = page.evaluate(f"""() => [...({node})().querySelectorAll('.torch-adapter-compare svg')].flatMap(svg => {{
+        const values = [...svg.querySelectorAll('text.torch-adapter-value')].map(t => t.getBBox());
+        const whiskers = [...svg.querySelectorAll('path')].map(p => p.getBBox());
+        return values.map((v, i) => ({{labelBottom: v.y + v.height, whiskerTop: whiskers[i].y}}));
+    }})""")
+    assert len(labels) == 2 and all(l["labelBottom"] <= l["whiskerTop"] + 0.5 for l in labels), labels
+    shot(page, "lab-compare.png")
+
+
+def _panel(page) -> dict:
+    return page.evaluate(f"""() => {{
+        const panel = document.querySelector('{PANEL}');
+        const totals = panel.querySelector('.jp-TorchAdapter-totals');
+        return {{target: panel.querySelector('.jp-TorchAdapter-target').innerText,
+                totals: totals ? Object.fromEntries(['cells', 'native', 'composite', 'fallback'].map(k => [k, Number(totals.dataset[k])])) : null,
+                totalsText: totals ? totals.innerText : '',
+                prompts: [...panel.querySelectorAll('.jp-TorchAdapter-prompt')].map(p => p.innerText),
+                rows: panel.querySelectorAll('.jp-TorchAdapter-cellRow').length,
+                scrollsSideways: panel.scrollWidth > panel.clientWidth + 1,
+                empty: [...panel.querySelectorAll('.jp-TorchAdapter-empty')].map(e => e.innerText)}};
+    }}""")
+
+
+def test_the_panel_totals_equal_the_kernels_and_follow_the_target(ran, page):
+    kernel = _kernel_totals(ran)
     page.evaluate("() => window.jupyterapp.commands.execute('torch-adapter:open-panel')")
-    totals = page.locator("#torch-adapter-routing-panel .jp-TorchAdapter-totals")
-    totals.wait_for()
-    shown = {key: int(totals.get_attribute(f"data-{key}")) for key in ("cells", "native", "composite", "fallback")}
-    assert shown == kernel
-    assert totals.inner_text().startswith(f"{kernel['cells']} cells · ")
-    # Each cell ran once, so the per-cell rows add up to the same totals.
-    rows = page.locator("#torch-adapter-routing-panel .jp-TorchAdapter-cellRow")
-    assert rows.count() == len(RAN_OPS)
-    target = page.locator("#torch-adapter-routing-panel .jp-TorchAdapter-target").inner_text()
-    assert target == "mps (simulated)"
+    page.locator(f"{PANEL} .jp-TorchAdapter-totals").wait_for()
+    shown = _panel(page)
+    assert shown["totals"] == kernel
+    assert shown["totalsText"].startswith(f"{kernel['cells']} cells · ")
+    # Each cell ran once, so the per-cell rows add up to the same totals; each row shows
+    # its execution count (the payload's, before the cell model has it).
+    assert shown["rows"] == len(RAN_OPS)
+    assert shown["prompts"] == [f"[{ran.cells[i].execution_count}]" for i in sorted(RAN_OPS)]
+    # The last cell, `%adapter target auto`, ran no op: its status message moved the target.
+    assert shown["target"] == "cpu"
+    assert not shown["scrollsSideways"]
 
 
 def test_the_panel_switches_the_policy_and_scrolls_to_cells(ran, page):
-    panel = page.locator("#torch-adapter-routing-panel")
+    panel = page.locator(PANEL)
     page.evaluate("() => window.jupyterapp.commands.execute('torch-adapter:open-panel')")
     panel.locator(".jp-TorchAdapter-policy").select_option("warn")
-    # The switch runs `%adapter policy warn` silently and reads `%adapter` status back.
+    # The switch runs `%adapter policy warn` silently and reads the kernel's state back.
     page.wait_for_function("() => window.jupyterapp.commands.isToggled('torch-adapter:set-policy', {policy: 'warn'})")
-    assert panel.locator(".jp-TorchAdapter-target").inner_text() == "mps (simulated on cpu)"  # the kernel's words
+    assert panel.locator(".jp-TorchAdapter-target").inner_text() == "cpu"  # worded as before the switch
     assert panel.locator(".jp-TorchAdapter-policy").input_value() == "warn"
-    kernel = max((p["session"] for cell in ran.cells for p in _payloads(cell)), key=lambda s: s["cells"])
+    kernel = _kernel_totals(ran)
     assert int(panel.locator(".jp-TorchAdapter-totals").get_attribute("data-native")) == kernel["native"]
     assert page.evaluate("() => window.jupyterapp.shell.currentWidget.content.widgets.length") == len(CELLS)
     # A click on a row selects its cell and scrolls to it, even one the windowed notebook detached.
     panel.locator(".jp-TorchAdapter-cellRow").last.click()
     page.wait_for_function(f"""() => {{
         const notebook = window.jupyterapp.shell.currentWidget.content;
-        return notebook.activeCellIndex === {len(CELLS) - 1} && notebook.activeCell.node.isConnected;
+        return notebook.activeCellIndex === {LAST} && notebook.activeCell.node.isConnected;
     }}""")
-    page.wait_for_function(f"() => ({BADGES})()[{len(CELLS) - 1}] !== null")
+    page.wait_for_function(f"() => ({BADGES})()[{LAST}].length === 1")
     panel.locator(".jp-TorchAdapter-cellRow").first.click()
     page.wait_for_function("() => window.jupyterapp.shell.currentWidget.content.activeCellIndex === 1")
+    ARTIFACTS.mkdir(exist_ok=True)
+    panel.locator(".jp-TorchAdapter-cellRow").nth(1).hover()
+    page.screenshot(path=str(ARTIFACT))
+    assert ARTIFACT.stat().st_size > 10_000
 
 
 def test_the_summary_is_kept_in_cell_metadata_when_asked(ran):
@@ -261,53 +464,74 @@ def test_the_summary_is_kept_in_cell_metadata_when_asked(ran):
             assert kept is None, index
 
 
-def test_badges_follow_windowing_moves_and_reopening(ran, page):
-    count = len(CELLS)
-    connected = f"""() => window.jupyterapp.shell.currentWidget.content.widgets.map(cell => {{
-        const badge = cell.node.querySelector('.jp-TorchAdapter-cellBadge:not(.lm-mod-hidden)');
-        return badge !== null && cell.node.isConnected;
-    }})"""
-    scroll = "index => window.jupyterapp.shell.currentWidget.content.scrollToItem(index, index ? 'end' : 'start')"
-    # Scrolling a windowed notebook takes cells out of the DOM and puts them back; the
-    # badges live in the cells' layouts, so they come back with them.
-    page.evaluate(scroll, count - 1)
-    page.wait_for_function(f"() => ({connected})()[{count - 1}]")
-    page.evaluate(scroll, 0)
-    page.wait_for_function(f"() => ({connected})()[1] && ({connected})()[4]")
-
-    # Move the fallback cell up: its badge goes with it (it is keyed by the cell model id).
-    before = page.evaluate(BADGES)[4]
-    page.evaluate("""async () => {
-        const app = window.jupyterapp;
-        app.shell.currentWidget.content.activeCellIndex = 4;
-        await app.commands.execute('notebook:move-cell-up');
-    }""")
-    page.wait_for_function(f"() => ({BADGES})()[3] !== null && ({BADGES})()[4] === null")
-    assert page.evaluate(BADGES)[3]["native"] == before["native"]
-    rows = page.locator("#torch-adapter-routing-panel .jp-TorchAdapter-cellRow .jp-TorchAdapter-source")
-    assert rows.nth(1).inner_text().startswith("z = torch.special.zeta")
-
-    ARTIFACT.parent.mkdir(exist_ok=True)
-    page.locator("#torch-adapter-routing-panel .jp-TorchAdapter-cellRow").nth(1).hover()
-    page.screenshot(path=str(ARTIFACT))
-    assert ARTIFACT.stat().st_size > 10_000
-
-    # Reopened, the notebook shows the badges kept in its metadata (marked as saved); the
-    # last cell, never rendered yet in the windowed notebook, gets its badge when it is.
+def test_a_reload_keeps_the_panel_and_the_inspector(ran, page, lab):
+    base, _ = lab
+    kernel = _kernel_totals(ran)
+    goto_lab(page, base)  # the browser reloads; the kernel lives on
     page.evaluate(f"""async () => {{
         const app = window.jupyterapp;
+        const panel = app.shell.currentWidget && app.shell.currentWidget.context
+            && app.shell.currentWidget.context.path === '{NOTEBOOK}'
+            ? app.shell.currentWidget : await app.commands.execute('docmanager:open', {{path: '{NOTEBOOK}'}});
+        await panel.context.ready;
+        await panel.sessionContext.ready;
+        await app.commands.execute('torch-adapter:open-panel');
+    }}""")
+    page.wait_for_function(f"() => document.querySelectorAll('{PANEL} .jp-TorchAdapter-cellRow').length === {len(RAN_OPS)}",
+                           timeout=60_000)
+    page.wait_for_function(f"() => document.querySelector('{PANEL} .jp-TorchAdapter-target').innerText === 'cpu'")
+    shown = _panel(page)
+    assert shown["totals"]["cells"] >= kernel["cells"] and not shown["empty"], shown
+    assert shown["prompts"] == [f"[{ran.cells[i].execution_count}]" for i in sorted(RAN_OPS)]
+    # The inspector's widget comes back from the kernel, its chart and table intact.
+    _check_inspector(page, ran)
+    page.wait_for_function(f"() => ({BADGES})()[{FALLBACK}].length === 1")
+    assert len(page.evaluate(BADGES)[FALLBACK]) == 1
+    shot(page, "lab-reload.png")
+
+
+def test_badges_follow_windowing_moves_and_reopening(ran, page):
+    count = len(CELLS)
+    scroll = "index => window.jupyterapp.shell.currentWidget.content.scrollToItem(index, index ? 'end' : 'start')"
+    visible = f"() => ({BADGES})().map(b => b.length)"
+    # Scrolling a windowed notebook takes cells out of the DOM and puts them back; the
+    # badges live in the cells, so they come back with them.
+    page.evaluate(scroll, LAST)
+    page.wait_for_function(f"() => ({visible})()[{LAST}] === 1")
+    page.evaluate(scroll, 0)
+    page.wait_for_function(f"() => ({visible})()[1] === 1 && ({visible})()[{FALLBACK}] === 1")
+
+    # Move the fallback cell up: its badge goes with it.
+    before = page.evaluate(BADGES)[FALLBACK][0]
+    page.evaluate(f"""async () => {{
+        const app = window.jupyterapp;
+        app.shell.currentWidget.content.activeCellIndex = {FALLBACK};
+        await app.commands.execute('notebook:move-cell-up');
+    }}""")
+    page.wait_for_function(f"() => ({visible})()[{FALLBACK - 1}] === 1 && ({visible})()[{FALLBACK}] === 0")
+    assert page.evaluate(BADGES)[FALLBACK - 1][0]["native"] == before["native"]
+    rows = page.locator(f"{PANEL} .jp-TorchAdapter-cellRow .jp-TorchAdapter-source")
+    assert rows.nth(1).inner_text().startswith("z = torch.special.zeta")
+
+    # Without outputs and without that kernel (outputs cleared, saved, kernel shut down,
+    # reopened), the summaries kept in the metadata show under the inputs (marked as
+    # saved); the last cell, never rendered yet in the windowed notebook, gets its badge
+    # when it is.
+    page.evaluate(f"""async () => {{
+        const app = window.jupyterapp;
+        await app.commands.execute('notebook:clear-all-cell-outputs');
         await app.commands.execute('docmanager:save');
         await app.commands.execute('application:close-all');
+        await app.serviceManager.sessions.shutdownAll();
         const panel = await app.commands.execute('docmanager:open', {{path: '{NOTEBOOK}'}});
         await panel.context.ready;
     }}""")
-    saved = """() => window.jupyterapp.shell.currentWidget.content.widgets.map(cell =>
-        cell.node.querySelector('.jp-TorchAdapter-badge.jp-mod-saved') !== null)"""
-    page.wait_for_function(f"() => ({saved})()[1] && ({saved})()[3]")
+    saved = f"() => ({BADGES})().map(b => b.length === 1 && b[0].saved && !b[0].inOutput)"
+    page.wait_for_function(f"() => ({saved})()[1] && ({saved})()[{FALLBACK - 1}]")
     assert page.evaluate(f"() => window.jupyterapp.shell.currentWidget.content.widgets[{count - 1}].isPlaceholder()")
-    page.evaluate(scroll, count - 1)
-    page.wait_for_function(f"() => ({saved})()[{count - 1}]")
+    page.evaluate(scroll, LAST)
+    page.wait_for_function(f"() => ({saved})()[{LAST}]")
     page.evaluate(scroll, 0)  # a detached cell's parts are out of its node: look at the top again
-    page.wait_for_function(f"() => ({saved})()[1] && ({saved})()[3]")
+    page.wait_for_function(f"() => ({saved})()[1] && ({saved})()[{FALLBACK - 1}]")
     shown = page.evaluate(saved)
-    assert {i for i, s in enumerate(shown) if s and i < count - 1} == {1, 3}
+    assert {i for i, s in enumerate(shown) if s and i < LAST} == {1, FALLBACK - 1, TRACE}

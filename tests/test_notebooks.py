@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import math
 import os
 import re
@@ -62,12 +63,27 @@ def _fingerprint(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
 
 
+# Notebooks whose prose states what a run shows run with torch's own thread count, as a
+# user's kernel does (not OMP_NUM_THREADS=1): which host kernels an op picks can depend on it.
+# 02 runs at one thread here (its training steps are many times slower with two threads per
+# process on a shared 2-core machine); tests/test_lab_tutorials.py runs it, and checks the
+# same prose, with the user's thread count.
+USER_THREADS = {"01_quickstart.ipynb"}
+# A saved, executed tutorial (widget state included) stays this small.
+MAX_BYTES = 600_000
+# torch.export.load logs "Symbol sNN did not appear in the graph that was deserialized"
+# (torch's serializer, about range constraints the exported program keeps): not fixed yet.
+ALLOWED_STDERR = {"02_port_stable_diffusion.ipynb": {"reload"}}
+
+
 def _execute(name: str, tmp_path_factory: pytest.TempPathFactory) -> nbformat.NotebookNode:
     workdir = tmp_path_factory.mktemp(Path(name).stem)
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    env = {k: v for k, v in os.environ.items() if k != "TORCH_ADAPTER_AUTOINSTALL"}
-    env.update(OMP_NUM_THREADS="1", TMPDIR=str(workdir), PYTHONUNBUFFERED="1")
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3", store_widget_state=False,
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_ADAPTER_AUTOINSTALL", "OMP_NUM_THREADS")}
+    if name not in USER_THREADS:
+        env["OMP_NUM_THREADS"] = "1"
+    env.update(TMPDIR=str(workdir), PYTHONUNBUFFERED="1")
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3", store_widget_state=True,
                             resources={"metadata": {"path": str(workdir)}})
     before = _fingerprint(EXAMPLE), sorted(p.name for p in NOTEBOOKS.iterdir())
     start = time.perf_counter()
@@ -127,6 +143,50 @@ def error(c: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return errors[0]
 
 
+def everything(nb: nbformat.NotebookNode) -> str:
+    """Every output of the notebook as text: streams, text/plain, HTML, routing payloads."""
+    parts = []
+    for c in nb.cells:
+        for o in c.get("outputs", []):
+            parts.append(o.get("text", ""))
+            for key, value in o.get("data", {}).items():
+                parts.append(value if isinstance(value, str) else json.dumps(value))
+            if o.output_type == "error":
+                parts.append(f"{o.ename}: {o.evalue}")
+    return "\n".join(parts)
+
+
+def check_prose_names_what_ran(nb: nbformat.NotebookNode) -> None:
+    """Every op the notebook's text names (`aten::...`) is in what the executed notebook shows."""
+    shown = everything(nb)
+    named = {m for c in nb.cells if c.cell_type == "markdown" for m in re.findall(r"`(aten::[\w.]+)`", c.source)}
+    assert named, "no op named in the text"
+    missing = sorted(op for op in named if op not in shown)
+    assert not missing, f"the text names ops no output shows: {missing}"
+
+
+def check_front_door(name: str, nb: nbformat.NotebookNode) -> None:
+    """What a reader sees: no red stderr, no kernel temp path, no echoed magic reprs, small."""
+    noisy = {c.id for c in nb.cells if any(o.output_type == "stream" and o.name == "stderr" for o in c.get("outputs", []))}
+    assert noisy <= ALLOWED_STDERR.get(name, set()), f"stderr in cells {sorted(noisy)}"
+    shown = everything(nb)
+    assert not re.search(r"ipykernel_\d+/\d+\.py", shown), "a kernel temp file is shown as a call site"
+    assert "'torch_adapter: " not in shown  # a magic's message as a quoted string
+    size = len(nbformat.writes(nb))
+    assert size < MAX_BYTES, f"{name} executed is {size / 1e6:.2f} MB (the limit is {MAX_BYTES / 1e6:.1f} MB)"
+
+
+def check_port_fallback_prose(nb: nbformat.NotebookNode) -> None:
+    """Notebook 02's text on the simulated-MPS fallbacks says what its run lists."""
+    listed = text(cell(nb, "step-mps-fallbacks"))
+    fell_back = re.search(r"^fell back: (.*)$", listed, re.M).group(1).split(", ")
+    prose = cell(nb, "step-mps-md").source
+    assert {"aten::_slow_conv2d_forward", "aten::_scaled_dot_product_flash_attention_for_cpu"} <= set(fell_back)
+    missing = [op for op in fell_back if f"`{op.split('.')[0]}`" not in prose]  # overload names aside
+    assert not missing, f"fallbacks the text does not name: {missing}"
+    assert "all host kernels (_slow_ or _for_cpu): True" in listed
+
+
 def check_raising_cells(nb: nbformat.NotebookNode) -> None:
     """Exactly the cells tagged raises-exception show an error (nbclient stops at any other)."""
     for c in nb.cells:
@@ -170,7 +230,28 @@ def test_quickstart_trace_inspector_and_simulated_target(quickstart):
     assert "aten::_linalg_eigh" in [f["op"] for f in sim["top_fallbacks"]]
     assert "aten::_linalg_eigh -> fallback" in text(cell(nb, "explain"))
     assert "'mps'" in text(cell(nb, "targets"))
-    assert "'cells'" in text(cell(nb, "final-status"))
+    # The inspector's stored renderings follow every cell (display updates), not a truncated repr.
+    (inspector,) = [o for o in cell(nb, "inspector").outputs if WIDGET in o.get("data", {})]
+    reported = sum(1 for c in nb.cells if c.cell_type == "code" and bundles(c))
+    assert inspector.data["text/plain"].startswith(f"torch_adapter RoutingInspector: {reported} cells")
+    assert "<svg" in inspector.data["text/html"]
+    # A fallback's site is the cell and line that called it.
+    (eigh,) = [f for f in sim["top_fallbacks"] if f["op"] == "aten::_linalg_eigh"]
+    assert eigh["site"] == f"cell [{cell(nb, 'simulated').execution_count}], line 6"
+    final = text(cell(nb, "final-status"))
+    assert "torch_adapter  target cpu" in final and "{" not in final
+
+
+@pytest.mark.slow
+def test_quickstart_front_door(quickstart):
+    check_prose_names_what_ran(quickstart)
+    check_front_door("01_quickstart.ipynb", quickstart)
+    # Exported to HTML (nbconvert), the inspector is its chart and table, not an empty box.
+    from nbconvert import HTMLExporter
+
+    page, _ = HTMLExporter().from_notebook_node(quickstart)
+    assert "op calls per cell by route" in page and "torch-adapter-table" in page
+
 
 
 # -- 02 Stable Diffusion ------------------------------------------------------------------------
@@ -222,10 +303,14 @@ def test_port_routing_per_cell_and_compare(port):
     trace = text(cell(nb, "step-mps"))
     assert "Routing on mps (simulated)" in trace and "fallback" in trace
     assert routing(cell(nb, "step-mps"))["simulated"]
+    # What the text says of the fallbacks, checked against the run (torch's own thread count).
+    check_port_fallback_prose(nb)
     configs = ast.literal_eval(text(cell(nb, "configs")))  # the repr of a str
     assert configs.startswith("plain,redirect,adapted,mps-sim")
     compared = text(cell(nb, "compare"))
-    assert all(f"'{name}'" in compared for name in configs.split(","))
+    assert "{" not in compared and compared.startswith("throughput kept vs redirect")  # no raw dict
+    assert all(f"{name}:" in compared for name in configs.split(","))
+    assert not any(o.output_type == "execute_result" for o in cell(nb, "compare").outputs)
     assert any(WIDGET in o.get("data", {}) for o in cell(nb, "compare").outputs)  # the chart
     summary = text(cell(nb, "compare-read"))
     assert "plain: did not run" in summary and re.search(r"redirect: +100\.0%", summary)
@@ -241,7 +326,17 @@ def test_port_profile_and_export(port):
     assert "op events per route:" in events and "'native'" in events
     exported = text(cell(nb, "export"))
     assert "ExportResult for mps" in exported and "decomposed for mps:" in exported
+    # "The one fallback is the CPU flavour of attention again"
+    assert cell(nb, "export-read-md").source.startswith("The one fallback is the CPU flavour of attention")
+    assert re.findall(r"^would fall back: (\S+)", exported, re.M) == ["aten::_scaled_dot_product_flash_attention_for_cpu"]
     assert "reloaded program == eager text encoder" in text(cell(nb, "reload"))
+
+
+@pytest.mark.slow
+def test_port_front_door(port):
+    check_prose_names_what_ran(port)
+    check_front_door("02_port_stable_diffusion.ipynb", port)
+
 
 
 # -- 03 custom ops ------------------------------------------------------------------------------

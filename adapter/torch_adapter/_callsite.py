@@ -14,7 +14,7 @@ import sys
 import sysconfig
 from typing import Any
 
-__all__ = ["user_frame", "user_site", "site_frames"]
+__all__ = ["user_frame", "user_site", "site_frames", "cell_of", "site_text"]
 
 _SKIP: tuple[str, ...] | None = None
 
@@ -66,11 +66,16 @@ def user_frame(depth: int = 1) -> Any:
 
 
 def user_site(depth: int = 1) -> dict[str, Any] | None:
-    """``{"file", "line", "function"}`` of the innermost user frame, or None."""
+    """``{"file", "line", "function"}`` of the innermost user frame, or None; a notebook
+    cell's site also has ``"cell"``: its execution count (see :func:`cell_of`)."""
     frame = _frame(depth + 1)
     while frame is not None:
         if _is_user(frame.f_code.co_filename):
-            return {"file": frame.f_code.co_filename, "line": frame.f_lineno, "function": frame.f_code.co_name}
+            site = {"file": frame.f_code.co_filename, "line": frame.f_lineno, "function": frame.f_code.co_name}
+            cell = cell_of(site["file"])
+            if cell is not None:
+                site["cell"] = cell
+            return site
         frame = frame.f_back
     return None
 
@@ -120,3 +125,29 @@ def site_frames(depth: int = 1) -> tuple[Any, Any]:
         last = frame
         frame = frame.f_back
     return (library, None) if library is not None else (last, None)
+
+
+def cell_of(filename: str) -> int | None:
+    """The execution count of the IPython cell compiled under ``filename`` (a kernel temp
+    file or ``<ipython-input-...>``), or None: not a cell, or no IPython shell running.
+    IPython's compiler keeps that map (``compile._filename_map``); IPython is never
+    imported here."""
+    ipython = sys.modules.get("IPython")
+    shell = getattr(ipython, "get_ipython", lambda: None)() if ipython is not None else None
+    names = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    number = names.get(filename) if isinstance(names, dict) else None
+    return number if isinstance(number, int) and not isinstance(number, bool) else None
+
+
+def site_text(site: dict[str, Any] | None, short: bool = False) -> str:
+    """How a site is shown: ``"cell [11], line 6"`` for a notebook cell, else ``"file:line"``
+    (``short``: the file's base name)."""
+    if not site:
+        return ""
+    cell = site.get("cell")
+    if cell is None and isinstance(site.get("file"), str):
+        cell = cell_of(site["file"])
+    if cell is not None:
+        return f"cell [{cell}], line {site.get('line')}"
+    file = str(site.get("file"))
+    return f"{os.path.basename(file) if short else file}:{site.get('line')}"

@@ -27,7 +27,7 @@ import math
 import re
 from typing import Any, Callable, Iterable, Iterator
 
-__all__ = ["STEP_PREFIX", "RECORD_PREFIX", "SCHEMA", "VERSION", "annotate", "validate", "nest"]
+__all__ = ["STEP_PREFIX", "RECORD_PREFIX", "SCHEMA", "VERSION", "annotate", "validate", "nest", "name_cells"]
 
 STEP_PREFIX = "torch_adapter.step::"
 RECORD_PREFIX = "torch_adapter.record::"
@@ -313,3 +313,28 @@ def _overlaps(events: list[dict[str, Any]]) -> list[str]:
                     return out
             stack.append(e)
     return out
+
+
+_FRAME_NAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<func>.*)$")
+
+
+def name_cells(trace: dict[str, Any], cell_of: Callable[[str], int | None]) -> dict[str, Any]:
+    """Name notebook cells by execution count, never by the kernel's temp file (in place;
+    returned): Python-stack events ``FILE(LINE): func`` of a cell become ``cell [N], line
+    LINE: func``, and each routing-log site of a cell gets ``"text": "cell [N], line L"``.
+    ``cell_of(filename)`` answers the cell's execution count or None."""
+    for e in trace.get("traceEvents", []):
+        if e.get("cat") == "python_function" and isinstance(e.get("name"), str):
+            m = _FRAME_NAME.match(e["name"])
+            n = cell_of(m["file"]) if m else None
+            if n is not None:
+                e["name"] = f"cell [{n}], line {m['line']}: {m['func']}"
+    routing = (trace.get("torch_adapter") or {}).get("routing") or {}
+    for row in routing.get("ops", []):
+        site = row.get("site")
+        if isinstance(site, dict):
+            n = site.get("cell", cell_of(str(site.get("file"))))
+            if n is not None:
+                site["cell"] = n
+                site["text"] = f"cell [{n}], line {site.get('line')}"
+    return trace

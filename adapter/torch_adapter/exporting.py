@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,7 +226,12 @@ def export(model: Any, example_inputs: Any, *, target: Any = None, path: str | o
                 tried.add(op.name())
         if not table:
             break
-        program = program.run_decompositions(table)
+        with warnings.catch_warnings():
+            # torch's own deep copy of its pytree specs warns about its own deprecated LeafSpec
+            # (copyreg FutureWarning, once per round): nothing a caller can act on.
+            warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                                    category=FutureWarning)
+            program = program.run_decompositions(table)
     counts = _ops(program)
     routes = {r.value: 0 for r in Route}
     fallbacks, composite, leftovers = [], [], []

@@ -115,6 +115,9 @@ class Recording:
             if self.routing_log is not None:
                 meta["routing"] = self.routing_log.to_dict()
             self._trace = _chrome_trace.annotate(raw, self._decide, meta)
+            from ._callsite import cell_of
+
+            _chrome_trace.name_cells(self._trace, cell_of)  # notebook cells: "cell [N], line L"
         return self._trace
 
     def export(self, path: str | os.PathLike[str]) -> Path:
@@ -153,7 +156,17 @@ def _start(rec: Recording, record_shapes: bool, with_stack: bool) -> None:
     config = tp.profiler_config(capture_overload_names=True, profile_all_threads=True, trace_only=True)
     kwargs = {"experimental_config": config} if config is not None else {}
     prof = torch.profiler.profile(activities=activities, record_shapes=record_shapes, with_stack=with_stack, **kwargs)
-    prof.__enter__()
+    # Kineto writes "USDT: ... profiler_start/stop" lines to the process's stderr (red noise
+    # under every notebook cell that profiles); it reads KINETO_LOG_LEVEL when it starts.
+    # 6 is above its highest level. A value the user set wins; the environment is put back.
+    quiet = "KINETO_LOG_LEVEL" not in os.environ
+    if quiet:
+        os.environ["KINETO_LOG_LEVEL"] = "6"
+    try:
+        prof.__enter__()
+    finally:
+        if quiet:
+            os.environ.pop("KINETO_LOG_LEVEL", None)
     rec._prof = prof
     rec._meta["activities"] = [str(a).rpartition(".")[2] for a in activities]
 

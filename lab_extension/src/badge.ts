@@ -4,7 +4,7 @@
 
 import { Widget } from '@lumino/widgets';
 
-import { badgeLevel, badgeText, targetLabel, tooltipText } from './format';
+import { badgeLevel, badgeText, fallbackLine, formatExact, targetLabel, tooltipText } from './format';
 import { IRoutingPayload, ROUTES } from './schema';
 
 export const BADGE_CLASS = 'jp-TorchAdapter-badge';
@@ -40,16 +40,77 @@ export function renderBadge(
   }
 }
 
+export const FALLBACKS_CLASS = 'jp-TorchAdapter-fallbacks';
+
 /**
- * The badge under a cell's input. It lives in the cell's layout, so the cell
- * carries it along when a windowed notebook detaches and re-attaches it.
+ * The ops that fell back and the lines that called them, readable without
+ * hovering: one line each under the badge (op ×calls at cell [n], line l —
+ * reason). A click on a line shows its whole reason. Null when nothing fell back.
+ */
+export function renderFallbacks(payload: IRoutingPayload, topFallbacks: number): HTMLElement | null {
+  const shown = payload.top_fallbacks.slice(0, Math.max(0, topFallbacks));
+  if (!shown.length) {
+    return null;
+  }
+  const list = document.createElement('ul');
+  list.className = FALLBACKS_CLASS;
+  for (const fb of shown) {
+    const item = document.createElement('li');
+    item.className = 'jp-TorchAdapter-fallback';
+    item.dataset.op = fb.op;
+    if (fb.site) {
+      item.dataset.site = fb.site;
+    }
+    const what = document.createElement('span');
+    what.className = 'jp-TorchAdapter-fallbackOp';
+    what.textContent = fallbackLine(fb);
+    item.append(what);
+    if (fb.reason) {
+      const why = document.createElement('span');
+      why.className = 'jp-TorchAdapter-fallbackReason';
+      why.textContent = ` — ${fb.reason}`;
+      item.append(why);
+      item.title = 'Click to show the whole reason';
+      item.addEventListener('click', event => {
+        event.stopPropagation();
+        item.classList.toggle('jp-mod-expanded');
+      });
+    }
+    list.append(item);
+  }
+  const hidden = Math.max(payload.ops.fallback, payload.top_fallbacks.length) - shown.length;
+  if (hidden > 0) {
+    const more = document.createElement('li');
+    more.className = 'jp-TorchAdapter-fallbackMore';
+    more.textContent = `… and ${formatExact(hidden)} more (%%adapter_trace lists every op)`;
+    list.append(more);
+  }
+  return list;
+}
+
+/** The whole report of one cell: the badge, then its fallbacks (if any). */
+export function renderReport(node: HTMLElement, payload: IRoutingPayload, topFallbacks: number, saved = false): HTMLElement {
+  const chip = document.createElement('span');
+  renderBadge(chip, payload, topFallbacks);
+  chip.classList.toggle('jp-mod-saved', saved);
+  if (saved) {
+    chip.title += '\n(saved in the notebook metadata from an earlier run)';
+  }
+  const list = renderFallbacks(payload, topFallbacks);
+  node.replaceChildren(...(list ? [chip, list] : [chip]));
+  return chip;
+}
+
+/**
+ * The badge under a cell's input, for a cell whose report is not in its
+ * outputs (a summary saved in the metadata, or a kernel that sends comm
+ * messages only). It lives in the cell's layout, so the cell carries it along
+ * when a windowed notebook detaches and re-attaches it.
  */
 export class CellBadge extends Widget {
   constructor() {
     super();
     this.addClass('jp-TorchAdapter-cellBadge');
-    this._chip = document.createElement('span');
-    this.node.appendChild(this._chip);
     this.hide();
   }
 
@@ -58,13 +119,7 @@ export class CellBadge extends Widget {
       this.hide();
       return;
     }
-    renderBadge(this._chip, payload, topFallbacks);
-    this._chip.classList.toggle('jp-mod-saved', saved);
-    if (saved) {
-      this._chip.title += '\n(saved in the notebook metadata from an earlier run)';
-    }
+    renderReport(this.node, payload, topFallbacks, saved);
     this.show();
   }
-
-  private _chip: HTMLElement;
 }

@@ -67,6 +67,11 @@ export function targetLabel(payload: Pick<IRoutingPayload, 'target' | 'simulated
   return payload.simulated ? `${payload.target} (simulated)` : payload.target;
 }
 
+/** One line per fallback op shown under a badge: op, calls, site (reason apart). */
+export function fallbackLine(fb: { op: string; calls: number; site: string | null }): string {
+  return `${fb.op} ×${formatExact(fb.calls)}${fb.site ? ` at ${fb.site}` : ''}`;
+}
+
 /** The badge's tooltip: target, exact counts, top fallback ops with reasons, costs. */
 export function tooltipText(payload: IRoutingPayload, topFallbacks = 5): string {
   const c = payload.counts;

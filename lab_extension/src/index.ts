@@ -83,7 +83,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       if (!kernel) {
         throw new Error('torch_adapter: this notebook has no kernel; start one first.');
       }
-      routing.store.setStatus(await runSilently(kernel, code));
+      routing.applyState(await runSilently(kernel, code));
       refreshCommands();
     };
 

@@ -5,19 +5,29 @@
 
 import { Kernel, KernelMessage } from '@jupyterlab/services';
 
-import { IKernelStatus } from './store';
+import { IKernelStatus, IRoutingPayload, parsePayload, parseStatus } from './schema';
 
 export const POLICIES = ['allow', 'warn', 'error'] as const;
 export type Policy = (typeof POLICIES)[number];
 
-/** A user expression that answers `%adapter` status as JSON. */
-const STATUS_EXPRESSION =
-  "__import__('IPython').display.JSON(get_ipython().run_line_magic('adapter', ''))";
+/**
+ * A user expression that answers the kernel's front-end state as JSON:
+ * `%adapter` status and every cell's payload (torch_adapter.jupyter.extension.front_end_state).
+ */
+const STATE_EXPRESSION =
+  "__import__('IPython').display.JSON(__import__('torch_adapter.jupyter.extension', fromlist=['_']).front_end_state())";
 
 export class KernelRequestError extends Error {}
 
-/** The kernel status from a user-expression result (pure; null when unreadable). */
-export function readStatus(result: unknown): IKernelStatus | null {
+/** What a reloaded front end rebuilds its view from. */
+export interface IKernelState {
+  status: IKernelStatus;
+  /** Every payload the kernel published, oldest first. */
+  payloads: IRoutingPayload[];
+}
+
+/** The kernel state from a user-expression result (pure; null when unreadable). */
+export function readState(result: unknown): IKernelState | null {
   if (typeof result !== 'object' || result === null) {
     return null;
   }
@@ -26,27 +36,29 @@ export function readStatus(result: unknown): IKernelStatus | null {
   if (typeof data !== 'object' || data === null) {
     return null;
   }
-  const d = data as { [key: string]: unknown };
-  const num = (v: unknown): number => (typeof v === 'number' && Number.isFinite(v) ? v : 0);
-  return {
-    target: typeof d.target === 'string' ? d.target : null,
-    policy: typeof d.policy === 'string' ? d.policy : null,
-    observing: d.observing !== false,
-    cells: num(d.cells),
-    native: num(d.native),
-    composite: num(d.composite),
-    fallback: num(d.fallback)
-  };
+  const d = data as { status?: unknown; payloads?: unknown };
+  const status = parseStatus(d.status);
+  if (status === null) {
+    return null;
+  }
+  const payloads: IRoutingPayload[] = [];
+  for (const item of Array.isArray(d.payloads) ? d.payloads : []) {
+    const parsed = parsePayload(item);
+    if (parsed.ok) {
+      payloads.push(parsed.payload);
+    }
+  }
+  return { status, payloads };
 }
 
 /**
  * Run `code` silently (no output, no history, no execution count, and IPython
  * runs no cell callbacks, so no routing payload) and read `%adapter` status
- * afterwards. Rejects with a KernelRequestError whose message says what to do.
+ * afterwards (with every payload). Rejects with a KernelRequestError whose message says what to do.
  */
-export async function runSilently(kernel: Kernel.IKernelConnection, code: string): Promise<IKernelStatus> {
+export async function runSilently(kernel: Kernel.IKernelConnection, code: string): Promise<IKernelState> {
   const future = kernel.requestExecute(
-    { code, silent: true, store_history: false, user_expressions: { status: STATUS_EXPRESSION } },
+    { code, silent: true, store_history: false, user_expressions: { state: STATE_EXPRESSION } },
     true
   );
   const reply = (await future.done) as KernelMessage.IExecuteReplyMsg;
@@ -58,14 +70,14 @@ export async function runSilently(kernel: Kernel.IKernelConnection, code: string
         'Is the extension loaded? Run `%load_ext torch_adapter` in a cell first.'
     );
   }
-  const status = readStatus(content.user_expressions?.status);
-  if (status === null) {
+  const state = readState(content.user_expressions?.state);
+  if (state === null) {
     throw new KernelRequestError(
       'torch_adapter: the kernel did not answer `%adapter` status. ' +
         'Run `%load_ext torch_adapter` in a cell first.'
     );
   }
-  return status;
+  return state;
 }
 
 /** `%adapter policy X`, validated here so a typo never reaches the kernel. */

@@ -7,7 +7,7 @@
 import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { Widget } from '@lumino/widgets';
 
-import { renderBadge } from './badge';
+import { renderReport } from './badge';
 import { MIME, parsePayload } from './schema';
 
 export class RoutingOutput extends Widget implements IRenderMime.IRenderer {
@@ -26,12 +26,16 @@ export class RoutingOutput extends Widget implements IRenderMime.IRenderer {
       this.node.append(error);
       return Promise.resolve();
     }
-    const chip = document.createElement('span');
-    renderBadge(chip, result.payload, 5);
+    // The one rendering of a cell's routing in Lab: this output (it is stored
+    // with the notebook, so it comes back after a reload), the fallbacks and
+    // their call sites spelled out under the badge.
     const label = document.createElement('span');
     label.className = 'jp-TorchAdapter-outputLabel';
     label.textContent = 'torch_adapter';
-    this.node.append(label, chip);
+    const report = document.createElement('div');
+    report.className = 'jp-TorchAdapter-report';
+    renderReport(report, result.payload, 5);
+    this.node.append(label, report);
     return Promise.resolve();
   }
 }

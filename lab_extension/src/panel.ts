@@ -9,7 +9,7 @@ import { CommandRegistry } from '@lumino/commands';
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { renderBadge } from './badge';
+import { renderBadge, renderFallbacks } from './badge';
 import { shares, targetLabel, totalsText } from './format';
 import { POLICIES } from './kernel';
 import { NotebookRouting } from './routing';
@@ -185,7 +185,9 @@ export class RoutingPanel extends Widget {
       row.dataset.cellId = cell.model.id;
       row.tabIndex = 0;
       const head = el('div', 'jp-TorchAdapter-rowHead');
-      head.append(el('span', 'jp-TorchAdapter-prompt', `[${count ?? ' '}]`));
+      // The payload knows its execution count before the cell model does.
+      const shownCount = count ?? entry.payload.execution_count;
+      head.append(el('span', 'jp-TorchAdapter-prompt', `[${shownCount ?? ' '}]`));
       const source = cell.model.sharedModel.getSource().split('\n')[0] ?? '';
       head.append(el('span', 'jp-TorchAdapter-source', source || `cell ${index + 1}`));
       head.append(el('span', 'jp-TorchAdapter-rowTarget', targetLabel(entry.payload)));
@@ -193,6 +195,10 @@ export class RoutingPanel extends Widget {
       renderBadge(chip, entry.payload, top, false);
       chip.classList.toggle('jp-mod-saved', entry.saved);
       row.append(head, chip);
+      const fallbacks = renderFallbacks(entry.payload, top);
+      if (fallbacks) {
+        row.append(fallbacks);
+      }
       row.title = `Cell ${index + 1}: click to scroll to it\n\n${chip.title}`;
       const go = () => void routing.scrollTo(cell.model.id);
       row.addEventListener('click', go);

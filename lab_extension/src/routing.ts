@@ -13,8 +13,9 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { PanelLayout, Widget } from '@lumino/widgets';
 
 import { CellBadge } from './badge';
-import { COMM_TARGET, METADATA_KEY, metadataSummary, parsePayload } from './schema';
-import { RoutingStore } from './store';
+import { IKernelState, runSilently } from './kernel';
+import { classify, COMM_TARGET, IRoutingPayload, METADATA_KEY, MIME, metadataSummary, parsePayload } from './schema';
+import { keyOf, RoutingStore } from './store';
 
 export interface IRoutingSettings {
   /** Show a badge under each cell that ran aten ops. */
@@ -88,7 +89,11 @@ export class NotebookRouting implements IDisposable {
     NotebookActions.executionScheduled.connect(this._onExecutionScheduled, this);
     panel.content.modelChanged.connect(this._onModelChanged, this);
     this._onModelChanged();
-    void panel.context.ready.then(() => this._restoreAll());
+    void panel.context.ready.then(() => {
+      this._restoreAll();
+      this._readAllOutputs();
+      void this.syncFromKernel();
+    });
   }
 
   readonly panel: NotebookPanel;
@@ -141,6 +146,51 @@ export class NotebookRouting implements IDisposable {
     await notebook.scrollToCell(found.cell, 'center');
   }
 
+  /**
+   * Ask the kernel (silently) for its status and every payload it published,
+   * and take the payloads of this notebook's cells: what a reloaded page, or
+   * "Refresh", rebuilds the panel from. Returns false when the kernel could
+   * not answer (no kernel, or the extension is not loaded in it).
+   */
+  async syncFromKernel(): Promise<boolean> {
+    const kernel = this._kernel;
+    if (!kernel || this._isDisposed || !this.panel.context.isReady) {
+      return false;
+    }
+    let state;
+    try {
+      state = await runSilently(kernel, '');
+    } catch {
+      return false;
+    }
+    if (this._isDisposed || kernel !== this._kernel) {
+      return false;
+    }
+    this.applyState(state);
+    return true;
+  }
+
+  /** Take the kernel's status, and the payloads of this notebook's cells. */
+  applyState(state: IKernelState): void {
+    for (const payload of state.payloads) {
+      if (this._belongsHere(payload)) {
+        this.store.add(payload);
+      }
+    }
+    this.store.setStatus(state.status);
+  }
+
+  /** A kernel payload is this notebook's if its cell is here and has not run since. */
+  private _belongsHere(payload: IRoutingPayload): boolean {
+    const key = keyOf(payload);
+    const found = key === null ? null : this.findCell(key);
+    if (!found) {
+      return false;
+    }
+    const count = this._executionCount(found.cell);
+    return count === null || payload.execution_count === null || payload.execution_count >= count;
+  }
+
   dispose(): void {
     if (this._isDisposed) {
       return;
@@ -164,6 +214,8 @@ export class NotebookRouting implements IDisposable {
   private _onKernelChanged(): void {
     this.store.clearLive();
     this._setKernel(this.panel.sessionContext.session?.kernel ?? null);
+    this._readAllOutputs();
+    void this.syncFromKernel();
   }
 
   private _setKernel(kernel: Kernel.IKernelConnection | null): void {
@@ -183,7 +235,12 @@ export class NotebookRouting implements IDisposable {
   }
 
   private _onComm = (_comm: Kernel.IComm, msg: KernelMessage.ICommOpenMsg): void => {
-    const result = parsePayload(msg.content.data);
+    const message = classify(msg.content.data);
+    if (message.kind === 'status') {
+      this.store.setStatus(message.status); // `%adapter target …`, `policy …`, `observe …`
+      return;
+    }
+    const result = message.result;
     if (!result.ok) {
       console.warn(`torch_adapter: ignored a routing message from the kernel: ${result.error}`);
       return;
@@ -234,6 +291,7 @@ export class NotebookRouting implements IDisposable {
         return;
       }
       this._restoreAll();
+      this._readAllOutputs();
       this._refreshAll();
       this._cellsChanged.emit();
     });
@@ -257,6 +315,58 @@ export class NotebookRouting implements IDisposable {
       if (result.ok) {
         this.store.restore(cell.id, result.payload);
       }
+    }
+  }
+
+  /** The routing payload a cell's stored outputs hold (the last one), if any. */
+  private _outputPayload(model: ICodeCellModel): IRoutingPayload | null {
+    const outputs = model.outputs;
+    let found: IRoutingPayload | null = null;
+    for (let i = 0; i < outputs.length; i++) {
+      const data = outputs.get(i).data[MIME];
+      if (data !== undefined) {
+        const result = parsePayload(data);
+        if (result.ok) {
+          found = result.payload;
+        }
+      }
+    }
+    return found;
+  }
+
+  /** Read every code cell's stored routing output, and follow each cell's outputs. */
+  private _readAllOutputs(): void {
+    const model = this.panel.content.model;
+    if (this._isDisposed || !model) {
+      return;
+    }
+    for (const cell of model.cells) {
+      if (cell.type !== 'code') {
+        continue;
+      }
+      const code = cell as ICodeCellModel;
+      if (!this._followed.has(code)) {
+        this._followed.add(code);
+        code.outputs.changed.connect(() => this._onOutputsChanged(code));
+      }
+      const payload = this._outputPayload(code);
+      if (payload) {
+        this.store.fromOutput(code.id, payload);
+      }
+    }
+  }
+
+  private _onOutputsChanged(model: ICodeCellModel): void {
+    if (this._isDisposed) {
+      return;
+    }
+    const payload = this._outputPayload(model);
+    if (payload) {
+      this.store.fromOutput(model.id, payload);
+    }
+    const widget = this.panel.content.widgets.find(cell => cell.model === model);
+    if (widget) {
+      this._refresh(widget);
     }
   }
 
@@ -285,7 +395,9 @@ export class NotebookRouting implements IDisposable {
       ? this.store.lookup(cell.model.id, this._executionCount(cell))
       : null;
     let badge = this._badges.get(cell);
-    if (!entry) {
+    // One rendering per cell: the kernel's output is the report where the cell
+    // has it; the badge under the input is for reports it does not hold.
+    if (!entry || this._outputPayload(cell.model as ICodeCellModel) !== null) {
       badge?.setPayload(null, 0, false);
       return;
     }
@@ -313,6 +425,7 @@ export class NotebookRouting implements IDisposable {
   private _kernel: Kernel.IKernelConnection | null = null;
   private _cellList: { changed: ISignal<unknown, unknown> } | null = null;
   private _badges = new WeakMap<Cell, CellBadge>();
+  private _followed = new WeakSet<ICodeCellModel>();
   private _cellsChanged = new Signal<this, void>(this);
   private _isDisposed = false;
   private _warned = false;

@@ -10,6 +10,8 @@
 export const MIME = 'application/vnd.torch-adapter.routing+json';
 export const COMM_TARGET = 'torch_adapter';
 export const SCHEMA = 'torch-adapter.cell-routing';
+/** `%adapter` status, sent when the target, policy or observation changes. */
+export const STATUS_SCHEMA = 'torch-adapter.status';
 /** The newest payload version this extension knows. */
 export const VERSION = 1;
 /** The cell-metadata key under which the opt-in summary is kept. */
@@ -177,4 +179,48 @@ export function metadataSummary(payload: IRoutingPayload): IRoutingPayload {
   // Small (at most five fallback entries) and read back by the same parser.
   // The session totals are dropped: they describe a kernel that will be gone.
   return { ...payload, session: null };
+}
+
+/** The kernel's `%adapter` status (schema {@link STATUS_SCHEMA}). */
+export interface IKernelStatus {
+  /** The target name (`mps`), never a label: the front end words it (targetLabel). */
+  target: string | null;
+  simulated: boolean;
+  policy: string | null;
+  observing: boolean;
+  cells: number;
+  native: number;
+  composite: number;
+  fallback: number;
+}
+
+/**
+ * Read `%adapter` status (a comm message, or the `status` of the kernel's
+ * front-end state). Pure; null when it is not a status.
+ */
+export function parseStatus(data: unknown): IKernelStatus | null {
+  if (!isDict(data) || data.schema !== STATUS_SCHEMA) {
+    return null;
+  }
+  const num = (v: unknown): number => (isCount(v) ? v : 0);
+  return {
+    target: typeof data.target === 'string' && data.target ? data.target : null,
+    simulated: data.simulated === true,
+    policy: typeof data.policy === 'string' ? data.policy : null,
+    observing: data.observing !== false,
+    cells: num(data.cells),
+    native: num(data.native),
+    composite: num(data.composite),
+    fallback: num(data.fallback)
+  };
+}
+
+/** What the kernel sends: a cell's routing, or a status change. */
+export type KernelMessageData =
+  | { kind: 'routing'; result: ParseResult }
+  | { kind: 'status'; status: IKernelStatus };
+
+export function classify(data: unknown): KernelMessageData {
+  const status = parseStatus(data);
+  return status ? { kind: 'status', status } : { kind: 'routing', result: parsePayload(data) };
 }

@@ -7,19 +7,13 @@
 
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { sessionTotals } from './format';
-import { IRoutingPayload, ISessionTotals } from './schema';
+import { sessionTotals, targetLabel } from './format';
+import { IKernelStatus, IRoutingPayload, ISessionTotals } from './schema';
 
-/** The kernel's answer to `%adapter` (status), read on demand. */
-export interface IKernelStatus {
-  target: string | null;
-  policy: string | null;
-  observing: boolean;
-  cells: number;
-  native: number;
-  composite: number;
-  fallback: number;
-}
+export type { IKernelStatus } from './schema';
+
+/** Where an entry came from. */
+export type Source = 'kernel' | 'output' | 'saved';
 
 export interface IEntry {
   /** The cell model id, or `#<execution count>` when the kernel sent no id. */
@@ -27,6 +21,8 @@ export interface IEntry {
   payload: IRoutingPayload;
   /** Read back from cell metadata, not received from this kernel. */
   saved: boolean;
+  /** The kernel (comm or state request), the cell's stored output, or its metadata. */
+  source: Source;
 }
 
 /** The store key of a payload. */
@@ -58,11 +54,28 @@ export class RoutingStore {
     if (key === null) {
       return null;
     }
-    this._entries.set(key, { key, payload, saved: false });
-    this._live.push(payload);
-    this._latest = payload;
+    this._entries.set(key, { key, payload, saved: false, source: 'kernel' });
+    this._noteLive(payload);
     this._changed.emit(key);
     return key;
+  }
+
+  /**
+   * A payload read from a cell's stored output (a reopened or reloaded
+   * notebook). It is what the cell shows, so it counts like a live one, but
+   * never replaces a newer payload the kernel sent for the same cell.
+   */
+  fromOutput(cellId: string, payload: IRoutingPayload): void {
+    const current = this._entries.get(cellId);
+    if (current && !current.saved && newer(current.payload, payload)) {
+      return;
+    }
+    if (current && current.payload === payload) {
+      return;
+    }
+    this._entries.set(cellId, { key: cellId, payload, saved: false, source: 'output' });
+    this._noteLive(payload);
+    this._changed.emit(cellId);
   }
 
   /** A summary read back from a cell's metadata (does not count for the session). */
@@ -71,7 +84,7 @@ export class RoutingStore {
     if (current && !current.saved) {
       return;
     }
-    this._entries.set(cellId, { key: cellId, payload, saved: true });
+    this._entries.set(cellId, { key: cellId, payload, saved: true, source: 'saved' });
     this._changed.emit(cellId);
   }
 
@@ -101,7 +114,7 @@ export class RoutingStore {
   /** The kernel restarted or changed: drop what it reported, keep saved summaries. */
   clearLive(): void {
     for (const [key, entry] of this._entries) {
-      if (!entry.saved) {
+      if (entry.source === 'kernel') {
         this._entries.delete(key);
       }
     }
@@ -113,6 +126,7 @@ export class RoutingStore {
 
   setStatus(status: IKernelStatus | null): void {
     this._status = status;
+    this._statusSeq = ++this._seq;
     this._changed.emit(null);
   }
 
@@ -120,14 +134,19 @@ export class RoutingStore {
     return [...this._entries.values()];
   }
 
-  /** Target and policy as last reported (status beats an older payload). */
+  /**
+   * Target and policy as last reported: a status (`%adapter target auto`
+   * sends one) or a payload, whichever came last. The target is worded one
+   * way everywhere: targetLabel ("mps (simulated)").
+   */
   targetAndPolicy(): { target: string | null; policy: string | null } {
-    if (this._status) {
-      return { target: this._status.target, policy: this._status.policy };
+    const s = this._status;
+    const p = this._latest;
+    if (s && (!p || this._statusSeq > this._latestSeq)) {
+      return { target: s.target === null ? null : targetLabel({ target: s.target, simulated: s.simulated }), policy: s.policy };
     }
-    if (this._latest) {
-      const p = this._latest;
-      return { target: p.simulated ? `${p.target} (simulated)` : p.target, policy: p.policy };
+    if (p) {
+      return { target: targetLabel(p), policy: p.policy };
     }
     return { target: null, policy: null };
   }
@@ -145,9 +164,30 @@ export class RoutingStore {
     return fromPayloads;
   }
 
+  private _noteLive(payload: IRoutingPayload): void {
+    this._live.push(payload);
+    if (!this._latest || !newer(this._latest, payload)) {
+      this._latest = payload;
+      this._latestSeq = ++this._seq;
+    }
+  }
+
   private _entries = new Map<string, IEntry>();
   private _live: IRoutingPayload[] = [];
   private _latest: IRoutingPayload | null = null;
   private _status: IKernelStatus | null = null;
+  private _seq = 0;
+  private _latestSeq = 0;
+  private _statusSeq = 0;
   private _changed = new Signal<this, string | null>(this);
+}
+
+/** `a` was published after `b` (the kernel's cell counter only grows). */
+function newer(a: IRoutingPayload, b: IRoutingPayload): boolean {
+  const ca = a.session?.cells ?? null;
+  const cb = b.session?.cells ?? null;
+  if (ca !== null && cb !== null) {
+    return ca > cb;
+  }
+  return (a.execution_count ?? -1) > (b.execution_count ?? -1);
 }

@@ -10,6 +10,7 @@ import {
   sessionTotals,
   shares,
   sumCounts,
+  fallbackLine,
   targetLabel,
   tooltipText,
   totalsText
@@ -74,6 +75,11 @@ describe('tooltip', () => {
     assert.match(text, /^torch_adapter · target cpu · policy allow\n/);
     assert.match(text, /\nNothing fell back to the CPU\.\n/);
     assert.doesNotMatch(text, /copied/);
+  });
+
+  it('writes a fallback line with its cell-relative site', () => {
+    assert.equal(fallbackLine({ op: 'aten::mode', calls: 1234, site: 'cell [11], line 6' }), 'aten::mode ×1,234 at cell [11], line 6');
+    assert.equal(fallbackLine({ op: 'aten::mode', calls: 1, site: null }), 'aten::mode ×1');
   });
 
   it('formats sizes and labels', () => {

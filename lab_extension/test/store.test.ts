@@ -1,7 +1,8 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
-import { readStatus, policyCode } from '../src/kernel';
+import { readState, policyCode } from '../src/kernel';
+import { classify, parseStatus, STATUS_SCHEMA } from '../src/schema';
 import { keyOf, RoutingStore } from '../src/store';
 import { payload } from './fixtures';
 
@@ -38,8 +39,36 @@ describe('RoutingStore', () => {
     assert.equal(store.totals(), null);
     store.add(payload({ session: { cells: 1, native: 10, composite: 1, fallback: 0 } }));
     assert.deepEqual(store.totals(), { cells: 1, native: 10, composite: 1, fallback: 0 });
-    store.setStatus({ target: 'cpu', policy: 'warn', observing: true, cells: 1, native: 10, composite: 1, fallback: 0 });
+    store.setStatus({ target: 'cpu', simulated: false, policy: 'warn', observing: true, cells: 1, native: 10, composite: 1, fallback: 0 });
     assert.deepEqual(store.targetAndPolicy(), { target: 'cpu', policy: 'warn' });
+  });
+
+  it('follows the target of whatever the kernel said last, worded one way', () => {
+    const store = new RoutingStore();
+    store.add(payload({ target: 'mps', simulated: true, session: { cells: 1, native: 1, composite: 0, fallback: 0 } }));
+    assert.deepEqual(store.targetAndPolicy(), { target: 'mps (simulated)', policy: 'allow' });
+    // `%adapter target auto` runs no op: only its status message says the target changed.
+    store.setStatus({ target: 'cpu', simulated: false, policy: 'allow', observing: true, cells: 1, native: 1, composite: 0, fallback: 0 });
+    assert.equal(store.targetAndPolicy().target, 'cpu');
+    store.add(payload({ cell_id: 'b', target: 'mps', simulated: true, session: { cells: 2, native: 2, composite: 0, fallback: 0 } }));
+    assert.equal(store.targetAndPolicy().target, 'mps (simulated)');
+  });
+
+  it('rebuilds from stored outputs, which never replace a newer live payload', () => {
+    const store = new RoutingStore();
+    const old = payload({ cell_id: 'a', execution_count: 2, session: { cells: 1, native: 5, composite: 0, fallback: 0 } });
+    const fresh = payload({ cell_id: 'a', execution_count: 9, session: { cells: 4, native: 50, composite: 0, fallback: 0 } });
+    store.fromOutput('a', old);
+    assert.equal(store.lookup('a', null)?.source, 'output');
+    assert.deepEqual(store.totals(), { cells: 1, native: 5, composite: 0, fallback: 0 });
+    store.add(fresh);
+    store.fromOutput('a', old);
+    assert.equal(store.lookup('a', null)?.payload.execution_count, 9);
+    // A kernel restart drops what the old kernel sent, not what the cells show.
+    store.fromOutput('b', payload({ cell_id: 'b' }));
+    store.clearLive();
+    assert.equal(store.lookup('a', null), null);
+    assert.equal(store.lookup('b', null)?.source, 'output');
   });
 
   it('keeps saved summaries out of the session and across a kernel restart', () => {
@@ -64,13 +93,13 @@ describe('RoutingStore', () => {
 });
 
 describe('kernel helpers', () => {
-  it('reads %adapter status from a user-expression result', () => {
-    const result = {
-      status: 'ok',
-      data: { 'application/json': { target: 'mps (simulated on cpu)', policy: 'warn', observing: true, cells: 2, native: 5, composite: 1, fallback: 0 } }
-    };
-    assert.deepEqual(readStatus(result), {
-      target: 'mps (simulated on cpu)',
+  it('reads the kernel state (status and payloads) from a user-expression result', () => {
+    const status = { schema: STATUS_SCHEMA, version: 1, target: 'mps', simulated: true, policy: 'warn', observing: true, cells: 2, native: 5, composite: 1, fallback: 0 };
+    const result = { status: 'ok', data: { 'application/json': { status, payloads: [payload(), { schema: 'other' }] } } };
+    const state = readState(result);
+    assert.deepEqual(state?.status, {
+      target: 'mps',
+      simulated: true,
       policy: 'warn',
       observing: true,
       cells: 2,
@@ -78,8 +107,17 @@ describe('kernel helpers', () => {
       composite: 1,
       fallback: 0
     });
-    assert.equal(readStatus({ status: 'error', ename: 'UsageError' }), null);
-    assert.equal(readStatus(undefined), null);
+    assert.equal(state?.payloads.length, 1); // the unreadable one is left out
+    assert.equal(readState({ status: 'error', ename: 'RuntimeError' }), null);
+    assert.equal(readState(undefined), null);
+    assert.equal(readState({ status: 'ok', data: { 'application/json': { status: { target: 'cpu' } } } }), null);
+  });
+
+  it('tells a status message from a routing payload', () => {
+    assert.equal(classify({ schema: STATUS_SCHEMA, target: 'cpu' }).kind, 'status');
+    const routing = classify(payload());
+    assert.ok(routing.kind === 'routing' && routing.result.ok);
+    assert.equal(parseStatus(payload()), null);
   });
 
   it('validates the policy before it reaches the kernel', () => {

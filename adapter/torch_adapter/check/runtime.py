@@ -149,7 +149,9 @@ class _Sites:
         self.cwd = cwd
         self._lines: dict[str, list[str] | None] = {}
 
-    def ref(self, file: str, line: int, function: str = "") -> SiteRef:
+    def ref(self, file: str, line: int, function: str = "", cell: int | None = None) -> SiteRef:
+        if cell is not None:  # a notebook cell: named by its execution count, never its temp file
+            return SiteRef(f"cell [{cell}]", line, function, in_project=False)
         p = Path(file)
         p = p if p.is_absolute() else self.cwd / p
         try:
@@ -183,7 +185,8 @@ def join_runtime(report: Report, log: dict[str, Any], *, command: list[str] | No
     rows = [OpRow(op=r["op"], route=r["route"], calls=int(r.get("calls", 0)),
                   self_time_ms=float(r.get("self_time_ms", 0.0)), bytes_copied=int(r.get("bytes_copied", 0)),
                   reason=str(r.get("reason") or ""), via=r.get("via"), parent=r.get("parent"),
-                  site=sites.ref(r["site"]["file"], r["site"]["line"], r["site"].get("function", ""))
+                  site=sites.ref(r["site"]["file"], r["site"]["line"], r["site"].get("function", ""),
+                                 r["site"].get("cell"))
                   if r.get("site") else None)
              for r in log["ops"]]
     order = {route: i for i, route in enumerate(("fallback", "composite", "native"))}

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from . import schema
 
-__all__ = ["CellRouter", "load_ipython_extension", "unload_ipython_extension", "router"]
+__all__ = ["CellRouter", "load_ipython_extension", "unload_ipython_extension", "router", "front_end_state"]
 
 _ROUTER: "CellRouter | None" = None
 
@@ -26,6 +26,15 @@ _ROUTER: "CellRouter | None" = None
 def router() -> "CellRouter | None":
     """The loaded extension's CellRouter (None when not loaded)."""
     return _ROUTER
+
+
+def front_end_state() -> dict[str, Any]:
+    """What a front end needs to rebuild its view after a reload (asked for silently by the
+    Lab extension): ``{"status": <%adapter status>, "payloads": [<every cell's payload>]}``.
+    Raises when the extension is not loaded (the front end then says to load it)."""
+    if _ROUTER is None:
+        raise RuntimeError("torch_adapter is not loaded in this kernel: run %load_ext torch_adapter")
+    return {"status": dict(_ROUTER.status()), "payloads": list(_ROUTER.payloads)}
 
 
 class CellRouter:
@@ -41,6 +50,7 @@ class CellRouter:
         self.cells = 0
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self.payloads: list[dict[str, Any]] = []
+        self.tables: list[list[dict[str, Any]]] = []  # each reported cell's op rows (the inspector's table)
         self.observing = True
         self.publish_display = True
         self.publish_comm = True
@@ -121,6 +131,7 @@ class CellRouter:
             payload = schema.build_payload(log, cell_id=cell_id, execution_count=count, policy=policy,
                                            wall_ms=wall_ms, session_totals=self.totals())
             self.payloads.append(payload)
+            self.tables.append(log.table())
         except Exception as exc:
             self._report("summarising the cell's routing", exc)
             return
@@ -128,6 +139,24 @@ class CellRouter:
 
     def totals(self) -> dict[str, int]:
         return {"cells": self.cells, **self.session_log.summary()}
+
+    def status(self) -> dict[str, Any]:
+        """``%adapter`` status as data (see :func:`.schema.build_status`)."""
+        from ..session import current
+
+        return schema.build_status(current(), observing=self.observing, totals=self.totals())
+
+    def publish_status(self) -> None:
+        """Tell the front end that the target, policy or observation changed (a comm message
+        with the status; no display): its panel follows the session's current target."""
+        if not self.publish_comm:
+            return
+        try:
+            from comm import create_comm
+
+            create_comm(target_name=schema.COMM_TARGET, data=self.status()).close()
+        except Exception as exc:
+            self._report("sending the status comm message", exc)
 
     def publish(self, payload: dict[str, Any]) -> None:
         if self.publish_display:

@@ -57,12 +57,7 @@ class AdapterMagics(Magics):
         from ..session import configure, current
 
         if args.action == "status":
-            session = current()
-            totals = self.router.totals()
-            return {"target": session.target.label if session else None,
-                    "policy": session.config.fallback if session else None,
-                    "amp_dtype": session.config.amp_dtype if session else None,
-                    "observing": self.router.observing, **totals}
+            return self.router.status()
         if args.action == "target":
             if not args.value:
                 raise UsageError("%adapter target: expected a target name, e.g. `%adapter target mps --simulate`")
@@ -75,19 +70,24 @@ class AdapterMagics(Magics):
             self.router.target, self.router.simulate = args.value, args.simulate
             self.router.session_log.target = session.target.name  # the router's log follows the target
             self.router.session_log.simulated = session.target.simulated
-            return f"torch_adapter: target {session.target.label}"
+            return self._changed(f"torch_adapter: target {session.target.label}")
         if args.action == "policy":
             if args.value not in ("allow", "warn", "error"):
                 raise UsageError(f"%adapter policy: expected allow, warn or error; got {args.value!r}")
             configure(fallback=args.value)
-            return f"torch_adapter: fallback policy {args.value}"
+            return self._changed(f"torch_adapter: fallback policy {args.value}")
         if args.action == "observe":
             if args.value not in ("on", "off"):
                 raise UsageError(f"%adapter observe: expected on or off; got {args.value!r}")
             self.router.observing = args.value == "on"
-            return f"torch_adapter: per-cell routing {'on' if self.router.observing else 'off'}"
+            return self._changed(f"torch_adapter: per-cell routing {'on' if self.router.observing else 'off'}")
         raise UsageError(f"%adapter: unknown action {args.action!r}; expected status, target, policy or observe "
                          "(see %adapter?)")
+
+    def _changed(self, message: str) -> None:
+        """Say what changed (a line of text, not a quoted string) and tell the front end."""
+        print(message)
+        self.router.publish_status()
 
     # -- %%adapter_trace ---------------------------------------------------------------
     @magic_arguments()
@@ -107,15 +107,16 @@ class AdapterMagics(Magics):
         self.shell.user_ns["_adapter_log"] = log
         from IPython.display import display
 
-        display({"text/plain": log.render(limit=args.limit), "text/html": _log_html(log, args.limit),
-                 "application/json": log.to_dict()}, raw=True)
+        # No application/json: JupyterLab would render it first, as a JSON tree (the data is _adapter_log).
+        display({"text/plain": log.render(limit=args.limit), "text/html": _log_html(log, args.limit)}, raw=True)
 
     def _exec(self, cell: str) -> None:
         exec(self._compile(cell), self.shell.user_ns)
 
     def _compile(self, cell: str) -> Any:
-        """Compile like IPython does, so tracebacks and call sites name the cell."""
-        code = self.shell.transform_cell(cell)
+        """Compile like IPython does, so tracebacks and call sites name the cell; the body is
+        compiled one line down, so its line numbers are the cell's (line 1 is ``%%magic``)."""
+        code = "\n" + self.shell.transform_cell(cell)
         name = self.shell.compile.cache(code, self.shell.execution_count, raw_code=cell)
         return compile(code, name, "exec")
 
@@ -125,13 +126,13 @@ class AdapterMagics(Magics):
     @argument("-n", type=int, default=5, help="timed runs per configuration (interleaved)")
     @argument("--warmup", type=int, default=1, help="untimed runs per configuration first")
     @cell_magic
-    def adapter_compare(self, line: str, cell: str) -> dict[str, Any]:
+    def adapter_compare(self, line: str, cell: str) -> None:
         """Run the cell body under several configurations and compare throughput.
 
         Runs are interleaved (A B C A B C ...) after warm-up; the first configuration that
         runs is the baseline. Shows a chart of throughput kept (median, spread over runs)
-        and returns ``{config: {"runs_s": [...], "median_s": m, "kept": ratio, "error": str|None}}``
-        (also stored as ``_adapter_compare``).
+        and stores ``{config: {"runs_s": [...], "median_s": m, "kept": ratio, "error": str|None}}``
+        as ``_adapter_compare``.
         """
         args = parse_argstring(self.adapter_compare, line)
         if args.n < 1 or args.warmup < 0:
@@ -144,19 +145,24 @@ class AdapterMagics(Magics):
                          router=self.router)
         self.shell.user_ns["_adapter_compare"] = result
         _show_comparison(result)
-        return result
 
     # -- %adapter_inspector ------------------------------------------------------------------
     @line_magic
     def adapter_inspector(self, line: str = "") -> Any:
         """Open the live RoutingInspector: per-cell stacked bars, a sortable/filterable op
-        table, and an op's reason and call sites on selection. It updates once per cell."""
+        table, and an op's reason and call sites on selection. It updates once per cell and
+        starts with every cell reported so far; it is kept as ``_adapter_inspector``."""
         try:
             from torch_adapter_widgets import RoutingInspector
         except ImportError as exc:
             raise UsageError(f"%adapter_inspector needs the widgets extra: pip install 'torch-adapter[widgets]' ({exc})")
+        from IPython.display import display
+
         inspector = RoutingInspector.attach(self.router)
-        return inspector
+        self.shell.user_ns["_adapter_inspector"] = inspector
+        # A display handle: front ends that follow display updates (nbclient, nbconvert) keep
+        # the stored text/html and text/plain renderings current after each cell.
+        inspector.handle = display(inspector, display_id=True)
 
     # -- %adapter_check ----------------------------------------------------------------------
     @magic_arguments()
@@ -187,17 +193,33 @@ class AdapterMagics(Magics):
         return report
 
 
+_ROUTE_COLORS = {"native": "#2e7d32", "composite": "#b26a00", "fallback": "#c62828"}
+
+
 def _log_html(log: Any, limit: int | None) -> str:
-    rows = log.table()[:limit] if limit else log.table()
-    head = "".join(f"<th>{h}</th>" for h in ("op", "route", "calls", "self ms", "bytes copied", "reason", "call site"))
+    from .._callsite import site_text
+    from ..routing.log import _fmt_bytes
+
+    records = log.records()
+    shown = records[:limit] if limit else records
+    head = "".join(f"<th style='text-align:{a}'>{h}</th>" for h, a in (
+        ("op", "left"), ("route", "left"), ("calls", "right"), ("self ms", "right"), ("copied", "right"),
+        ("reason", "left"), ("first call site", "left")))
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
-            r["op"], r["route"], r["calls"], r["self_time_ms"], r["bytes_copied"], r["reason"],
-            f"{r['site']['file']}:{r['site']['line']}" if r.get("site") else "")) + "</tr>" for r in rows)
+        f"<tr data-route='{r.route}'><td style='text-align:left'><code>{'&nbsp;&nbsp;└ ' if r.parent else ''}"
+        f"{html.escape(r.op)}</code></td>"
+        f"<td style='text-align:left;color:{_ROUTE_COLORS[r.route]}'>{r.route}</td><td style='text-align:right'>{r.calls:,}</td>"
+        f"<td style='text-align:right'>{r.self_time_ns / 1e6:.2f}</td>"
+        f"<td style='text-align:right'>{_fmt_bytes(r.bytes_copied) if r.bytes_copied else ''}</td>"
+        f"<td style='text-align:left'>{html.escape(r.reason)}</td>"
+        f"<td style='text-align:left;white-space:nowrap'>{html.escape(site_text(r.site))}</td></tr>" for r in shown)
+    more = (f"<div>{len(records) - len(shown)} more entries: <code>_adapter_log.table()</code> has them all</div>"
+            if len(records) > len(shown) else "")
     s = log.summary()
-    return (f"<div><b>torch_adapter trace</b> [{html.escape(str(log.target))}]: {s['native']} native, "
-            f"{s['composite']} composite, {s['fallback']} fallback calls"
-            f"<table class='torch-adapter-trace'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
+    target = f"{log.target or '?'}{' (simulated)' if log.simulated else ''}"
+    return (f"<div class='torch-adapter-trace'><b>Routing on {html.escape(target)}</b>: {s['native']:,} native · "
+            f"{s['composite']:,} composite · {s['fallback']:,} fallback calls · {_fmt_bytes(log.bytes_copied)} copied"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}</div>")
 
 
 def _show_comparison(result: dict[str, Any]) -> None:
@@ -205,9 +227,9 @@ def _show_comparison(result: dict[str, Any]) -> None:
 
     try:
         from torch_adapter_widgets import ThroughputComparison
-
-        display(ThroughputComparison(result))
     except ImportError:
         lines = [f"{k:>12}: kept {v['kept'] * 100:6.1f} %  median {v['median_s'] * 1e3:8.2f} ms"
                  if v.get("error") is None else f"{k:>12}: failed: {v['error']}" for k, v in result.items()]
         display({"text/plain": "\n".join(lines)}, raw=True)
+        return
+    display(ThroughputComparison(result))

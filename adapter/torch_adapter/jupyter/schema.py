@@ -29,7 +29,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
-__all__ = ["MIME", "COMM_TARGET", "SCHEMA", "VERSION", "build_payload", "render_text", "render_html", "bundle"]
+__all__ = ["MIME", "COMM_TARGET", "SCHEMA", "VERSION", "STATUS_SCHEMA", "Status", "build_payload", "build_status",
+           "render_text", "render_html", "bundle"]
 
 MIME = "application/vnd.torch-adapter.routing+json"
 COMM_TARGET = "torch_adapter"
@@ -38,10 +39,14 @@ VERSION = 1
 ROUTES = ("native", "composite", "fallback")
 
 
+STATUS_SCHEMA = "torch-adapter.status"
+
+
 def _site(site: dict[str, Any] | None) -> str | None:
-    if not site:
-        return None
-    return f"{site.get('file')}:{site.get('line')}"
+    """``"cell [11], line 6"`` for a notebook cell (never the kernel's temp file), else ``"file:line"``."""
+    from .._callsite import site_text
+
+    return site_text(site) or None
 
 
 def build_payload(log: Any, *, cell_id: str | None, execution_count: int | None, policy: str,
@@ -105,3 +110,44 @@ def render_html(payload: dict[str, Any]) -> str:
 def bundle(payload: dict[str, Any]) -> dict[str, Any]:
     """The display bundle: the vendor MIME type plus HTML and text fallbacks."""
     return {MIME: payload, "text/html": render_html(payload), "text/plain": render_text(payload)}
+
+
+class Status(dict):
+    """``%adapter`` status: a dict (schema :data:`STATUS_SCHEMA`, what the Lab extension
+    reads) that shows as a few aligned lines rather than as a dict."""
+
+    def text(self) -> str:
+        if self.get("target") is None:
+            return "torch_adapter: not installed"
+        label = f"{self['target']}{' (simulated)' if self['simulated'] else ''}"
+        return "\n".join([
+            f"torch_adapter  target {label}",
+            f"  fallback policy  {self['policy']}",
+            f"  AMP dtype        {self['amp']}",
+            f"  observing        {'on' if self['observing'] else 'off'} (per-cell routing reports)",
+            f"  session          {self['cells']} cells · {self['native']:,} native · {self['composite']:,} composite · "
+            f"{self['fallback']:,} CPU fallback op calls"])
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.text())
+
+
+def build_status(session: Any, *, observing: bool, totals: dict[str, int]) -> Status:
+    """The status of ``session`` (None: not installed) with the router's totals."""
+    amp = None
+    if session is not None:
+        import torch
+
+        from ..redirect.amp import effective_dtype
+
+        policy = session.config.amp_dtype
+        dtype = str(effective_dtype(policy, session.target.device_type, torch.float16)).removeprefix("torch.")
+        amp = (f"{dtype} (policy {policy}: autocast('cuda', float16) computes in {dtype} on "
+               f"{session.target.device_type})")
+    return Status({
+        "schema": STATUS_SCHEMA, "version": VERSION,
+        "target": session.target.name if session is not None else None,
+        "simulated": bool(session.target.simulated) if session is not None else False,
+        "policy": session.config.fallback if session is not None else None,
+        "amp_dtype": session.config.amp_dtype if session is not None else None, "amp": amp,
+        "observing": bool(observing), **{k: int(v) for k, v in totals.items()}})

@@ -214,6 +214,8 @@ def rich_table(log: RoutingLog, limit: int | None = 40) -> Any:
     """A ``rich.table.Table`` of the log (fallbacks first)."""
     from rich.table import Table
 
+    from .._callsite import site_text
+
     s = log.summary()
     title = (f"Routing on {log.target or '?'}{' (simulated)' if log.simulated else ''}: "
              f"{s['native']} native · {s['composite']} composite · {s['fallback']} fallback calls · "
@@ -225,7 +227,7 @@ def rich_table(log: RoutingLog, limit: int | None = 40) -> Any:
     style = {"native": "green", "composite": "yellow", "fallback": "red"}
     records = log.records()
     for rec in records[:limit] if limit else records:
-        site = f"{os.path.basename(rec.site['file'])}:{rec.site['line']}" if rec.site else ""
+        site = site_text(rec.site, short=True)
         op = f"  └ {rec.op}" if rec.parent else rec.op
         table.add_row(op, f"[{style[rec.route]}]{rec.route}[/]", str(rec.calls), f"{rec.self_time_ns / 1e6:.2f}",
                       _fmt_bytes(rec.bytes_copied) if rec.bytes_copied else "", rec.reason, site)
