@@ -54,7 +54,7 @@ class AdapterMagics(Magics):
         """
         args = parse_argstring(self.adapter, line)
         from ..errors import AdapterError
-        from ..session import configure, current
+        from ..session import configure
 
         if args.action == "status":
             return self.router.status()
