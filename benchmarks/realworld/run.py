@@ -162,7 +162,7 @@ def _nanogpt_check(work: Path, out: str) -> str | None:
 # -- minGPT ----------------------------------------------------------------------------------------------------------
 def _mingpt(repo: Path, work: Path):
     return [*RUN, str(repo / "projects/adder/adder.py"), "--trainer.max_iters=30", "--trainer.batch_size=32",
-            "--trainer.num_workers=0", f"--system.work_dir={work / 'out'}"], work
+            "--trainer.num_workers=0", f"--system.work_dir='{work / 'out'}'"], work  # values are literal_eval()ed
 
 
 # -- timm ------------------------------------------------------------------------------------------------------------
