@@ -306,7 +306,7 @@ def test_port_routing_per_cell_and_compare(port):
     # What the text says of the fallbacks, checked against the run (torch's own thread count).
     check_port_fallback_prose(nb)
     configs = ast.literal_eval(text(cell(nb, "configs")))  # the repr of a str
-    assert configs.startswith("plain,redirect,adapted,mps-sim")
+    assert configs == "plain,redirect,adapted,mps-sim,npu-sim"  # the simulated NPU has a profile
     compared = text(cell(nb, "compare"))
     assert "{" not in compared and compared.startswith("throughput kept vs redirect")  # no raw dict
     assert all(f"{name}:" in compared for name in configs.split(","))
@@ -315,6 +315,7 @@ def test_port_routing_per_cell_and_compare(port):
     summary = text(cell(nb, "compare-read"))
     assert "plain: did not run" in summary and re.search(r"redirect: +100\.0%", summary)
     assert re.search(r"adapted: +[\d.]+%", summary) and re.search(r"mps-sim: +[\d.]+%", summary)
+    assert re.search(r"npu-sim: +[\d.]+%", summary)
 
 
 @pytest.mark.slow
