@@ -11,10 +11,11 @@ and the cell goes on.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import schema
 
@@ -64,10 +65,33 @@ class CellRouter:
     def install(self) -> Any:
         from ..session import install
 
-        session = install(self.target, simulate=self.simulate)
+        with self.unobserved():  # the ops installing runs (target probes) are not the cell's
+            session = install(self.target, simulate=self.simulate)
         self.session_log.target = session.target.name
         self.session_log.simulated = session.target.simulated
         return session
+
+    @contextlib.contextmanager
+    def unobserved(self) -> Iterator[None]:
+        """Pause the running cell's trace (if any); afterwards a new trace, on the session
+        then current, goes on with what the cell had recorded before."""
+        if self._tracer is None:
+            yield
+            return
+        before = self._stop()
+        try:
+            yield
+        finally:
+            try:
+                from ..routing.trace import trace
+
+                self._tracer = trace()
+                self._log = self._tracer.__enter__()
+                if before is not None:
+                    self._log.merge(before)
+            except Exception as exc:
+                self._tracer = None
+                self._report("restarting the per-cell routing trace", exc)
 
     def register(self) -> None:
         events = self.shell.events

@@ -64,7 +64,8 @@ class AdapterMagics(Magics):
             from ..session import switch
 
             try:  # the session before is suspended, not closed: `%adapter target` back to it resumes it
-                session = switch(args.value, simulate=args.simulate)
+                with self.router.unobserved():  # the ops switching runs (target probes) are not the cell's
+                    session = switch(args.value, simulate=args.simulate)
             except AdapterError as exc:
                 raise UsageError(str(exc)) from None
             self.router.target, self.router.simulate = args.value, args.simulate
