@@ -313,3 +313,18 @@ def test_diffusers_from_pretrained_under_the_adapter_matches_an_eager_load(tiny_
     torch_adapter.install("cpu")
     model = UNet2DConditionModel.from_pretrained(tiny_unet, **kwargs).eval()
     assert torch.equal(model(x.cuda(), t.cuda(), ctx.cuda()).sample, expected)
+
+
+def test_fx_code_with_a_device_constant_runs_while_installed():
+    """torch.fx binds the global ``device`` only when the C type equals ``torch.device``; the
+    stand-in must compare equal, or graphs printing ``device(type='cpu')`` (every exported
+    program reloaded by torch.export.load) fail with NameError."""
+
+    def f(x):
+        return x + torch.ones_like(x, device=torch.device("cpu"))
+
+    torch_adapter.install("cpu")
+    assert torch.device == type(torch.device("cpu")) and hash(torch.device) == hash(type(torch.device("cpu")))
+    gm = torch.fx.symbolic_trace(f)
+    assert "device(type='cpu')" in gm.code
+    assert gm(torch.zeros(3)).tolist() == [1.0, 1.0, 1.0]

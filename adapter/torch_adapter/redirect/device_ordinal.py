@@ -15,6 +15,9 @@ nor patched), so the *name* ``torch.device`` gets a stand-in class while install
 - pickling a device writes ``torch.device`` exactly as torch does (a ``copyreg`` entry,
   removed at uninstall), so files and child processes never depend on the adapter.
 
+The stand-in compares and hashes equal to the C type (``torch.fx`` code generation and
+type-keyed tables rely on ``obj == torch.device``).
+
 Limits (docs/redirect.md): ``type(d) is torch.device`` is False while installed; a
 ``torch.device(...)`` call inside a ``torch.compile``d function is a graph break.
 """
@@ -42,6 +45,19 @@ def apply(session: Any, mapper: Any) -> None:
 
         def __getattr__(cls, name: str) -> Any:
             return getattr(CDevice, name)
+
+        # The stand-in *is* torch.device to code that compares types: torch.fx's code generator
+        # binds the global ``device`` only when the C type equals ``torch.device`` (else a
+        # graph printing ``device(type='cpu')`` fails with NameError), and type-keyed tables
+        # (pytree, dispatch dicts) find the C type's entry through it.
+        def __eq__(cls, other: object) -> bool:
+            return other is cls or other is CDevice
+
+        def __ne__(cls, other: object) -> bool:
+            return not (other is cls or other is CDevice)
+
+        def __hash__(cls) -> int:
+            return hash(CDevice)
 
         def __call__(cls, *args: Any, **kwargs: Any) -> Any:
             if len(args) == 1 and not kwargs and type(args[0]) is int:
