@@ -267,9 +267,9 @@ def _install_cuda_norm_rules(session: Any, autocast_cls: type, target_type: str)
         return result
 
     @functools.wraps(orig_exit)
-    def exit_(self: Any, *exc: Any) -> Any:
+    def exit_(self: Any, exc_type: Any, exc_val: Any, exc_tb: Any) -> Any:
         try:
-            return orig_exit(self, *exc)
+            return orig_exit(self, exc_type, exc_val, exc_tb)
         finally:
             if getattr(self, "_torch_adapter_redirected", False) and regions.depth:
                 regions.depth -= 1
