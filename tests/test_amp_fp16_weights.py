@@ -162,3 +162,26 @@ def test_a_redirected_region_ends_with_its_with_block():
         with pytest.raises(RuntimeError, match="mixed dtype"):  # the region is over: plain CPU autocast
             with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
                 block(x.half())
+
+
+def test_the_rules_hold_in_a_compiled_region():
+    """torch.compile traces the autocast region (dynamo re-creates it in the graph): the norm rules
+    are traced with it (aot_eager: the traced graph, run by eager kernels)."""
+    block, x = _ln_block()
+    block, x = block.half(), x.half()
+    with torch_adapter.adapted("cpu"):
+        with torch.autocast("cuda", dtype=torch.float16), torch.no_grad():
+            eager = block(x)
+
+        def f(x):
+            with torch.autocast("cuda", dtype=torch.float16):
+                return block(x)
+
+        torch._dynamo.reset()
+        try:
+            with torch.no_grad():
+                compiled = torch.compile(f, backend="aot_eager")(x)
+        finally:
+            torch._dynamo.reset()
+    assert eager.dtype == compiled.dtype == torch.float32
+    torch.testing.assert_close(compiled, eager)
