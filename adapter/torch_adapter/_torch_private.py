@@ -205,6 +205,25 @@ def DispatchKeySet(key: str) -> Any:  # noqa: N802 - mirrors the torch type
     return torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
 
 
+# --- AMP ----------------------------------------------------------------------------
+# torch_adapter.redirect.amp registers autocast kernels for a few aten norm ops; they run
+# the op below autocast exactly as torch's C++ autocast wrappers (and
+# torch.library.register_autocast) do: with the autocast key excluded.
+__all__ += ["autocast_key", "below_autocast"]
+
+
+def autocast_key(device_type: str) -> str:
+    """The dispatch key of ``device_type``'s autocast: ``"cpu"`` -> ``"AutocastCPU"``."""
+    return "Autocast" + dispatch_key_for_device(device_type)
+
+
+def below_autocast(key: str) -> Any:
+    """A context manager that runs ops with autocast dispatch key ``key`` excluded."""
+    import torch
+
+    return torch._C._ExcludeDispatchKeyGuard(DispatchKeySet(key))
+
+
 # --- observe ------------------------------------------------------------------------
 # torch_adapter.routing.observe builds a small C++ RecordFunction observer with
 # torch.utils.cpp_extension (public, but the build folder is a private helper), and falls
