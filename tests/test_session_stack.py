@@ -146,3 +146,19 @@ def test_children_of_a_toml_simulation_are_adapted(tmp_path):
                           str(script)], capture_output=True, text=True, timeout=240, env=env)
     assert out.returncode == 0, out.stderr
     assert "CHILD mynpu (simulated on cpu)" in out.stdout, out.stdout + out.stderr
+
+
+def test_checking_a_real_target_under_an_engine_does_not_snapshot_its_kernels():
+    """A real target's live profile is read once from the dispatcher: validating a new session's
+    policy must not read it while the active (simulated) engine's kernels sit on the CPU key."""
+    from torch_adapter.routing import profiles
+
+    _outer()
+    profiles.live_profile.cache_clear()
+    with torch_adapter.adapted(target="cpu", force_cpu=["aten::mm"]):
+        pass
+    torch_adapter.uninstall()
+    torch_adapter.install(target="cpu")
+    register_fallback("aten::_fused_dropout", lambda x, p, generator=None: (x * 2, torch.ones_like(x, dtype=torch.bool)))
+    out, _ = torch.ops.aten._fused_dropout(torch.ones(3), 0.5)  # CUDA-only op: the fallback routes it
+    assert out.tolist() == [2.0, 2.0, 2.0]

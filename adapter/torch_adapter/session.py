@@ -189,6 +189,12 @@ def _prepare(target: Any, simulate: Any, options: dict[str, Any], call: str) -> 
 
 
 def _check_policy(tgt: Target, cfg: Config) -> None:
+    active = current()
+    if not tgt.simulated and active is not None and active.target != tgt and getattr(active.routing, "overrides", None):
+        # a real target's profile is read from the dispatcher once per process: not while the active
+        # engine's kernels sit on it. The names are checked when the new session opens instead (after
+        # the active one is suspended); a failure there resumes the active session as it was.
+        return
     if cfg.force_cpu or cfg.deny:  # unknown op names fail here, before anything changes
         from .routing.policy import make_policy
         from .routing.profiles import profile_for
