@@ -7,8 +7,9 @@ fp16``) and saves it so; a CUDA user reloads the pipeline and samples under
 rms_norm in float32, weights included, and batch_norm in its input's (the user's float16) dtype.
 Under the adapter on the CPU the default AMP policy makes the autocast bfloat16, and CPU autocast
 has no rule for these ops, so a Linear's bfloat16 output met a LayerNorm whose weights are float16:
-"mixed dtype (CPU)". Inside redirected regions the adapter now applies CUDA's rules to these ops;
-the user's own ``autocast("cpu")`` and everything after uninstall stay plain torch.
+"mixed dtype (CPU)". Once CUDA autocast was redirected, the adapter applies CUDA's rules to these
+ops in the target's autocast regions (also torch.utils.checkpoint's recomputation, which re-enters
+``autocast("cpu")``); before install and after uninstall, plain torch.
 """
 
 from __future__ import annotations
@@ -141,12 +142,13 @@ def _assert_same_outcomes(got: list[object], want: list[object]) -> None:
             torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
-def test_the_users_own_cpu_autocast_and_uninstall_keep_plain_torch_behaviour():
+def test_uninstall_restores_plain_cpu_autocast_behaviour():
     before = _plain_cpu_autocast_outcomes()
     assert "mixed dtype" in before[0] and "mixed dtype" in before[1]  # plain CPU autocast's own answer
     with torch_adapter.adapted("cpu"):
         _under_cuda_autocast(*_ln_block())  # a redirected region registers the norm rules
-        _assert_same_outcomes(_plain_cpu_autocast_outcomes(), before)  # not the user's autocast("cpu")
+        during = _plain_cpu_autocast_outcomes()  # ...which then hold in every CPU autocast region
+        assert all(isinstance(o, torch.Tensor) and o.dtype == torch.float32 for o in during[:2])
     _assert_same_outcomes(_plain_cpu_autocast_outcomes(), before)
     for op in ("layer_norm", "group_norm", "batch_norm"):  # and no kernel of the session is left behind
         assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", "AutocastCPU")
@@ -155,13 +157,20 @@ def test_the_users_own_cpu_autocast_and_uninstall_keep_plain_torch_behaviour():
     _assert_same_outcomes(_plain_cpu_autocast_outcomes(), before)
 
 
-def test_a_redirected_region_ends_with_its_with_block():
+def test_a_checkpointed_block_recomputes_with_the_dtypes_of_its_forward():
+    """torch.utils.checkpoint re-enters autocast as autocast("cpu") during backward: the norm
+    rules must hold there too, or the recomputed tensors' dtypes differ from the saved ones
+    (a CheckpointError, as diffusers' --gradient_checkpointing met)."""
+    from torch.utils.checkpoint import checkpoint
+
     block, x = _ln_block()
     with torch_adapter.adapted("cpu"):
-        assert _under_cuda_autocast(block, x).dtype == torch.float32
-        with pytest.raises(RuntimeError, match="mixed dtype"):  # the region is over: plain CPU autocast
-            with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
-                block(x.half())
+        block = block.cuda()
+        x = x.cuda().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.float16):
+            out = checkpoint(block, x, use_reentrant=False)
+        out.float().sum().backward()
+        assert out.dtype == torch.float32 and x.grad is not None
 
 
 def test_the_rules_hold_in_a_compiled_region():

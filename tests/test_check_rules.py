@@ -302,5 +302,5 @@ def test_rule_file_errors(tmp_path, text, pattern):
 
 
 def test_missing_rule_file(tmp_path):
-    with pytest.raises(CheckError, match=r"(?s)a readable TOML file.*Fix: check the path"):
+    with pytest.raises(CheckError, match=r"(?s)a readable (UTF-8 )?TOML file.*Fix: check the path"):
         load_rule_file(tmp_path / "absent.toml")

@@ -15,8 +15,9 @@ CUDA autocast dtype becomes:
 Every rewrite is recorded in the redirect log (``autocast('cuda', float16)`` →
 ``autocast('cpu', bfloat16)``), and :func:`effective_dtype` answers for any request.
 
-Inside a redirected autocast region the norm ops follow CUDA autocast's rules, not the
-target's (see :func:`_install_cuda_norm_rules`): CUDA autocast runs layer_norm, group_norm and
+Once a CUDA autocast region has been redirected, the norm ops of every autocast region of the
+target follow CUDA autocast's rules while the session is installed (checkpoint recomputation
+re-enters autocast as ``autocast('cpu')``; see :func:`_install_cuda_norm_rules`): CUDA autocast runs layer_norm, group_norm and
 rms_norm in float32, weights included, so float16 weights (``model.half()``) meet a bfloat16
 input without "mixed dtype (CPU)"; batch_norm (instance_norm goes through it), which CUDA
 autocast leaves alone, runs in its weights' dtype as it would on CUDA.
@@ -209,7 +210,7 @@ def _patch_sdpa(session: Any, target_type: str) -> None:
     p.set(attention, "_sdpa_kernel", _sdpa_kernel)
 
 
-# --- CUDA autocast's norm rules inside redirected regions --------------------------------
+# --- CUDA autocast's norm rules once CUDA autocast was redirected --------------------------------
 # Ops CUDA autocast runs in float32 (its fp32 list; the dispatcher shows AutocastCUDA kernels
 # for them) that CPU autocast has no rule for; their C++ kernels reject an input whose
 # low-precision dtype differs from the weights' ("mixed dtype (CPU)").
@@ -220,21 +221,18 @@ _WEIGHT_DTYPE_OPS = {"batch_norm": (1, 2, 3, 4)}  # positions of weight, bias, r
 _LOW = (torch.float16, torch.bfloat16)
 
 
-class _Regions(threading.local):
-    depth = 0  # redirected autocast regions entered on this thread and not yet left
-
-
 def _install_cuda_norm_rules(session: Any, autocast_cls: type, target_type: str) -> None:
     """While a redirected ``autocast('cuda')`` region is active on this thread, the target's
     autocast runs :data:`_CUDA_FP32_OPS` in float32 and :data:`_WEIGHT_DTYPE_OPS` in their
     weights' dtype, as CUDA would. The kernels are registered at the target's autocast key on
     the first redirected region (a program that never asks for CUDA autocast never meets them)
-    in a ``torch.library.Library`` the session owns and destroys on uninstall. Outside
-    redirected regions (the user's own ``autocast('cpu')``) they run the op unchanged, the way
-    the target's autocast would (no rule: below autocast)."""
+    in a ``torch.library.Library`` the session owns and destroys on uninstall. From then on
+    they apply to every autocast region of the target while the session is installed: torch
+    itself re-enters autocast as ``autocast('cpu')`` when it recomputes a checkpointed block
+    (``torch.utils.checkpoint``, diffusers' ``--gradient_checkpointing``), and the recomputed
+    block must give the dtypes of the forward pass. After uninstall, plain torch."""
     p = session.patcher
     key = tp.autocast_key(target_type)
-    regions = _Regions()
     libs: list[Any] = []
     lock = threading.Lock()
     ops = [n for n in (*_CUDA_FP32_OPS, *_WEIGHT_DTYPE_OPS) if not tp.has_kernel_for_key(f"aten::{n}", key)]
@@ -246,7 +244,7 @@ def _install_cuda_norm_rules(session: Any, autocast_cls: type, target_type: str)
             lib = tp.kernel_library("aten")
             for name in ops:
                 kernel = _fp32_kernel if name in _CUDA_FP32_OPS else _weight_dtype_kernel
-                tp.register_python_kernel(lib, f"aten::{name}", kernel(name, target_type, key, regions), key)
+                tp.register_python_kernel(lib, f"aten::{name}", kernel(name, target_type, key), key)
             libs.append(lib)
 
     def destroy() -> None:
@@ -256,26 +254,16 @@ def _install_cuda_norm_rules(session: Any, autocast_cls: type, target_type: str)
             libs.clear()
 
     p.after_restore(destroy)
-    orig_enter, orig_exit = autocast_cls.__enter__, autocast_cls.__exit__
+    orig_enter = autocast_cls.__enter__
 
     @functools.wraps(orig_enter)
     def enter(self: Any) -> Any:
         result = orig_enter(self)
         if getattr(self, "_torch_adapter_redirected", False):
             register()
-            regions.depth += 1
         return result
 
-    @functools.wraps(orig_exit)
-    def exit_(self: Any, exc_type: Any, exc_val: Any, exc_tb: Any) -> Any:
-        try:
-            return orig_exit(self, exc_type, exc_val, exc_tb)
-        finally:
-            if getattr(self, "_torch_adapter_redirected", False) and regions.depth:
-                regions.depth -= 1
-
     p.set(autocast_cls, "__enter__", enter)
-    p.set(autocast_cls, "__exit__", exit_)
 
 
 def _eligible(x: Any, target_type: str) -> bool:
@@ -284,28 +272,28 @@ def _eligible(x: Any, target_type: str) -> bool:
             and x.dtype != torch.float64)
 
 
-def _fp32_kernel(name: str, target_type: str, key: str, regions: _Regions) -> Any:
+def _fp32_kernel(name: str, target_type: str, key: str) -> Any:
     op = getattr(torch.ops.aten, name).default
 
-    def kernel(_keyset: Any, *args: Any, **kwargs: Any) -> Any:
-        if regions.depth:
-            def cast(a: Any) -> Any:
-                return a.to(torch.float32) if _eligible(a, target_type) else a
+    def cast(a: Any) -> Any:
+        return a.to(torch.float32) if _eligible(a, target_type) else a
 
-            args, kwargs = tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+    # reached only with the target's autocast on (its key is in the dispatch key set)
+    def kernel(_keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
         with tp.below_autocast(key):
             return op(*args, **kwargs)
 
     return kernel
 
 
-def _weight_dtype_kernel(name: str, target_type: str, key: str, regions: _Regions) -> Any:
+def _weight_dtype_kernel(name: str, target_type: str, key: str) -> Any:
     op = getattr(torch.ops.aten, name).default
     positions = _WEIGHT_DTYPE_OPS[name]
 
     def kernel(_keyset: Any, *args: Any, **kwargs: Any) -> Any:
         x = args[0] if args else None
-        if regions.depth and _eligible(x, target_type) and x.dtype in _LOW:
+        if _eligible(x, target_type) and x.dtype in _LOW:
             params = [args[i] for i in positions if i < len(args) and isinstance(args[i], torch.Tensor)]
             if params and params[0].dtype in _LOW and params[0].dtype != x.dtype:
                 args = (x.to(params[0].dtype), *args[1:])
