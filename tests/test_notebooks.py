@@ -177,14 +177,15 @@ def check_front_door(name: str, nb: nbformat.NotebookNode) -> None:
 
 
 def check_port_fallback_prose(nb: nbformat.NotebookNode) -> None:
-    """Notebook 02's text on the simulated-MPS fallbacks says what its run lists."""
+    """Notebook 02's text on the simulated-MPS routes says what its run lists: no fallback, and
+    the device-selected calls (convolution, attention) routed as MPS's own kernels."""
     listed = text(cell(nb, "step-mps-fallbacks"))
-    fell_back = re.search(r"^fell back: (.*)$", listed, re.M).group(1).split(", ")
     prose = cell(nb, "step-mps-md").source
-    assert {"aten::_slow_conv2d_forward", "aten::_scaled_dot_product_flash_attention_for_cpu"} <= set(fell_back)
-    missing = [op for op in fell_back if f"`{op.split('.')[0]}`" not in prose]  # overload names aside
-    assert not missing, f"fallbacks the text does not name: {missing}"
-    assert "all host kernels (_slow_ or _for_cpu): True" in listed
+    fell_back = re.search(r"^fell back: (.*)$", listed, re.M).group(1)
+    assert fell_back == "none" and "no fallback" in prose, listed
+    selected = re.search(r"^device-selected, routed as MPS's own: (.*)$", listed, re.M).group(1).split(", ")
+    assert any("convolution" in op for op in selected) and any("attention" in op for op in selected), selected
+    assert not any("_slow_" in op or "_for_cpu" in op for op in selected)  # the target's members, not the host's
 
 
 def check_raising_cells(nb: nbformat.NotebookNode) -> None:
@@ -327,9 +328,9 @@ def test_port_profile_and_export(port):
     assert "op events per route:" in events and "'native'" in events
     exported = text(cell(nb, "export"))
     assert "ExportResult for mps" in exported and "decomposed for mps:" in exported
-    # "The one fallback is the CPU flavour of attention again"
-    assert cell(nb, "export-read-md").source.startswith("The one fallback is the CPU flavour of attention")
-    assert re.findall(r"^would fall back: (\S+)", exported, re.M) == ["aten::_scaled_dot_product_flash_attention_for_cpu"]
+    # "No op would fall back"
+    assert cell(nb, "export-read-md").source.startswith("No op would fall back")
+    assert re.findall(r"^would fall back: (\S+)", exported, re.M) == []
     assert "reloaded program == eager text encoder" in text(cell(nb, "reload"))
 
 
