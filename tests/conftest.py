@@ -17,7 +17,7 @@ def pytest_collection_modifyitems(config, items):
     markexpr = config.getoption("-m") or ""
     if "full_sweep" in markexpr:
         return
-    skip = pytest.mark.skip(reason="full OpInfo sweep (minutes): run with `pytest -m full_sweep`")
+    skip = pytest.mark.skip(reason="a long run (the full OpInfo sweep, notebook 02 in Lab): run with `pytest -m full_sweep`")
     for item in items:
         if "full_sweep" in item.keywords:
             item.add_marker(skip)
