@@ -264,15 +264,9 @@ def install(target: str | Target = "auto", *, simulate: bool = False, **options:
             return previous
         _check_thread("torch_adapter.install()", tgt, cfg)
         session = _open_new(tgt, cfg)
-        if previous is not None:
-            _retire(previous, session)
+        if previous is not None:  # replaced by install(): closed (an adapted() block it was made
+            previous._close()      # for still resumes its outer session at its end)
         return session
-
-
-def _retire(previous: AdapterSession, successor: AdapterSession) -> None:
-    """``previous`` was replaced by ``install()``: close it. (An adapted() block it was made
-    for still resumes its outer session at its end, closing the successor.)"""
-    previous._close()
 
 
 def uninstall() -> None:
