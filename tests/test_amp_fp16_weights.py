@@ -5,11 +5,14 @@ diffusers' train_text_to_image.py casts the frozen text encoder to float16 (``--
 fp16``) and saves it so; a CUDA user reloads the pipeline and samples under
 ``autocast("cuda", float16)``. On CUDA that works: CUDA autocast runs layer_norm, group_norm and
 rms_norm in float32, weights included, and batch_norm in its input's (the user's float16) dtype.
-Under the adapter on the CPU the default AMP policy makes the autocast bfloat16, and CPU autocast
+Under the adapter on the CPU the AMP policy then made the autocast bfloat16, and CPU autocast
 has no rule for these ops, so a Linear's bfloat16 output met a LayerNorm whose weights are float16:
 "mixed dtype (CPU)". Once CUDA autocast was redirected, the adapter applies CUDA's rules to these
 ops in the target's autocast regions (also torch.utils.checkpoint's recomputation, which re-enters
-``autocast("cpu")``); before install and after uninstall, plain torch.
+``autocast("cpu")``); before install and after uninstall, plain torch. The ops CPU autocast
+*promotes* (``cat``, ``stack``, ...) refuse a float16/bfloat16 mix outright, which no per-op rule
+can fix: the reloaded float16 pipeline failed there, so the default policy ("auto") now keeps
+the program's float16 (redirect/amp.py); ``amp_dtype="bfloat16"`` still rewrites.
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ def test_batch_norm_with_float16_weights_runs_in_their_dtype_and_updates_its_sta
     conv, bn = torch.nn.Conv2d(8, 8, 1).half(), norm().half()
     x = torch.randn(2, 8, 5, 5, dtype=torch.float16)
     stats = bn.running_mean
-    with torch_adapter.adapted("cpu"):
+    with torch_adapter.adapted("cpu", amp_dtype="bfloat16"):
         with torch.autocast("cuda", dtype=torch.float16):
             h = conv(x)
             y = bn(h)
@@ -194,3 +197,29 @@ def test_the_rules_hold_in_a_compiled_region():
             torch._dynamo.reset()
     assert eager.dtype == compiled.dtype == torch.float32
     torch.testing.assert_close(compiled, eager)
+
+
+def _promoting_step(lin: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """What a float16 pipeline does: an autocast op's output joined with a float16 tensor that
+    no autocast op made (a timestep embedding, a cached key), by an op CPU autocast promotes."""
+    with torch.autocast("cuda", dtype=torch.float16), torch.no_grad():
+        return torch.cat([lin(x), x * 2])
+
+
+def test_float16_weights_meet_promoting_ops_under_the_default_policy():
+    torch.manual_seed(4)
+    lin, x = torch.nn.Linear(4, 4).half(), torch.randn(2, 4, dtype=torch.float16)
+    with torch_adapter.adapted("cpu") as session:  # amp_dtype="auto"
+        y = _promoting_step(lin, x)
+        rows = [e.became for e in session.redirect_log.entries() if e.kind == "amp"]
+    assert y.dtype == torch.float16 and rows and "autocast('cpu', float16)" in rows[0]
+    with torch.no_grad():
+        reference = torch.cat([lin.float()(x.float()), x.float() * 2])
+    torch.testing.assert_close(y.float(), reference, rtol=2e-3, atol=2e-3)
+
+
+def test_the_bfloat16_policy_still_rewrites_and_says_why_float16_weights_fail():
+    lin, x = torch.nn.Linear(4, 4).half(), torch.randn(2, 4, dtype=torch.float16)
+    with torch_adapter.adapted("cpu", amp_dtype="bfloat16"):
+        with pytest.raises(RuntimeError, match="prioritize"):  # CPU autocast's own refusal
+            _promoting_step(lin, x)

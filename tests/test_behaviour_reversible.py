@@ -29,7 +29,7 @@ ADAPTED = {
     "int ordinal .to(0)": "cpu",
     "cuda factory": "cpu",
     "cuda available": True,
-    "autocast cuda mm": "torch.bfloat16",
+    "autocast cuda mm": "torch.float16",
     "torch.device(0)": "cuda:0",  # the real C object; mapped to the CPU where it is used
 }
 

@@ -196,7 +196,7 @@ def test_messages_name_the_target(tmp_path, checkers):
     cpu = {f.rule_id: f for f in findings_for(tmp_path, checkers("cpu"), P, code)}
     assert '.to("cpu")' in cpu["DEV001"].message and '"gloo"' in cpu["DIST001"].message
     amp = findings_for(tmp_path, checkers("cpu"), P, "with torch.autocast('cuda'):\n    pass")
-    assert "bfloat16" in amp[0].message
+    assert "float16, the dtype the code asks for" in amp[0].message and "amp_dtype='bfloat16'" in amp[0].message
     generic = {f.rule_id: f for f in findings_for(tmp_path, checkers(), P, code)}
     assert "<target>:0" in generic["DEV001"].message and "{" not in generic["DEV001"].message
 

@@ -57,7 +57,7 @@ def test_mixed_precision_is_the_amp_dtype_policy():
     torch_adapter.install(target="cpu")
     a = torch.randn(4, 4, device="cuda")
     for value, amp, dtype in (("fp16", "float16", torch.float16), ("bf16", "bfloat16", torch.bfloat16),
-                              ("fp32", "float32", torch.float32), (None, "auto", torch.bfloat16)):
+                              ("fp32", "float32", torch.float32), (None, "auto", torch.float16)):
         cfg = torch_adapter.configure(mixed_precision=value)
         assert (cfg.amp_dtype, cfg.mixed_precision) == (amp, value)
         with torch.autocast("cuda", dtype=torch.float16):

@@ -113,7 +113,7 @@ def test_adapter_magic_status_target_policy(ip):
     assert status["schema"] == schema.STATUS_SCHEMA and status["amp_dtype"] == "auto"
     # Shown as lines, not as a dict, with the AMP dtype the policy resolves to on this target.
     shown = ip.display_formatter.format(status)[0]["text/plain"]
-    assert "{" not in shown and "target cpu" in shown and "bfloat16 (policy auto" in shown
+    assert "{" not in shown and "target cpu" in shown and "float16 (policy auto" in shown and "bfloat16" not in shown
     with capture_output() as cap:
         assert ip.run_line_magic("adapter", "policy warn") is None  # no quoted string repr
     assert cap.stdout == "torch_adapter: fallback policy warn\n"

@@ -76,8 +76,8 @@ def test_log_can_be_switched_off():
 
 
 @pytest.mark.parametrize("policy,requested,expected", [
-    ("auto", torch.float16, torch.bfloat16),
-    ("auto", None, torch.bfloat16),
+    ("auto", torch.float16, torch.float16),  # the program's own dtype (redirect/amp.py)
+    ("auto", None, torch.float16),  # autocast('cuda')'s default
     ("auto", torch.bfloat16, torch.bfloat16),
     ("float16", torch.bfloat16, torch.float16),
     ("bfloat16", torch.float16, torch.bfloat16),
@@ -110,7 +110,10 @@ def test_grad_scaler_and_autocast_queries_answer_for_the_target():
     assert scaler._device == "cpu"
     with torch.autocast("cuda"):
         assert torch.is_autocast_enabled() and torch.is_autocast_enabled("cuda")
-        assert torch.get_autocast_dtype("cuda") == torch.bfloat16
+        assert torch.get_autocast_dtype("cuda") == torch.float16
+    torch_adapter.configure(amp_dtype="bfloat16")
+    with torch.autocast("cuda"):
+        assert torch.get_autocast_dtype("cuda") == torch.bfloat16 == torch.get_autocast_dtype("cpu")
 
 
 def test_configure_changes_the_amp_policy_at_once():

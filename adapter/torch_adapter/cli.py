@@ -37,7 +37,7 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--report", action="store_true", help="print what was redirected and how ops were routed at exit")
     p.add_argument("--report-json", metavar="PATH", help="write the routing log (and redirects) as JSON to PATH")
     p.add_argument("--amp-dtype", default="auto", choices=("auto", "float16", "bfloat16", "float32"),
-                   help="what autocast('cuda', float16) becomes (default auto: bfloat16 on the CPU)")
+                   help="what autocast('cuda', float16) becomes (default auto: the program's own dtype)")
     p.add_argument("--fallback", default="allow", choices=("allow", "warn", "error"),
                    help="policy for ops the target lacks")
     p.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")

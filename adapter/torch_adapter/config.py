@@ -33,8 +33,8 @@ COLLECTIVE_BACKENDS = {"gloo": "torch (CPU)", "nccl": "CUDA builds of torch", "m
 class Config:
     """Everything `install()`/`configure()` can set. Each field is documented in docs/."""
 
-    # AMP: what autocast("cuda", dtype) becomes. "auto" keeps float16 where the target
-    # computes it well and uses bfloat16 on the CPU (float16 matmuls there are emulated).
+    # AMP: what autocast("cuda", dtype) becomes. "auto" keeps the program's dtype on every
+    # target (float16 stays float16, on the CPU too: redirect/amp.py says why).
     amp_dtype: str = "auto"
     # Fallback policy for ops the target lacks (routing engine): allow | warn | error.
     fallback: str = "allow"

@@ -55,7 +55,7 @@ def target_facts(target: str) -> dict[str, str]:
     device_type, key, backend = KNOWN[target]
     return {"target": target, "device": "cpu" if device_type == "cpu" else f"{device_type}:0",
             "device_type": device_type, "backend": backend,
-            "amp": TARGET_AMP.get(target, "float16 (the AMP policy 'auto'; set with "
+            "amp": TARGET_AMP.get(target, "float16, the dtype the code asks for (the AMP policy 'auto'; set with "
                                           "torch_adapter.configure(amp_dtype=...))"),
             "dispatch_key": key}
 

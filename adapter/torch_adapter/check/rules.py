@@ -19,10 +19,10 @@ __all__ = ["RULES", "TORCH_RULES", "RUNTIME_RULES", "TARGET_AMP"]
 
 # What autocast("cuda", float16) becomes per target (the adapter's "auto" AMP policy).
 TARGET_AMP = {
-    "any": "the target's AMP dtype (float16; bfloat16 on the CPU -- policy 'auto', "
+    "any": "the dtype the code asks for (float16 stays float16 -- AMP policy 'auto', "
            "set with torch_adapter.configure(amp_dtype=...))",
-    "cpu": "bfloat16 (AMP policy 'auto': float16 matmuls are emulated on the CPU; "
-           "override with torch_adapter.configure(amp_dtype=...))",
+    "cpu": "float16, the dtype the code asks for (AMP policy 'auto'; on a CPU with bf16 units "
+           "torch_adapter.configure(amp_dtype='bfloat16') is faster for float32 weights)",
 }
 
 _DEV = r"^cuda(:\d+|:\{\})?$"  # "cuda", "cuda:1", f"cuda:{rank}"
@@ -57,8 +57,8 @@ TORCH_RULES: tuple[dict, ...] = (
          rewrite={"builtin": "rename_call", "to": "torch.autocast", "prepend": ['"cuda"']}),
     dict(id="AMP002", title="torch.cuda.amp.GradScaler (deprecated spelling)", severity="handled",
          match={"call": ["torch.cuda.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler"]},
-         message="Redirected: becomes {target}'s GradScaler (harmless where autocast uses "
-                 "bfloat16). This spelling is deprecated.",
+         message="Redirected: becomes {target}'s GradScaler (it scales float16 "
+                 "gradients there as on CUDA). This spelling is deprecated.",
          alternative='torch.amp.GradScaler("cuda", ...)', docs=_AMP_DOCS,
          rewrite={"builtin": "rename_call", "to": "torch.amp.GradScaler", "prepend": ['"cuda"']}),
     dict(id="AMP003", title="torch.cuda.amp.custom_fwd / custom_bwd", severity="handled",

@@ -4,22 +4,27 @@ The AMP dtype policy (``install(amp_dtype=...)``, default ``"auto"``) decides wh
 CUDA autocast dtype becomes:
 
 ============  ==================================================================
-``auto``      float16 stays float16 where the target computes it natively (cuda, npu,
-              xpu, mps); on the CPU it becomes bfloat16 (CPU float16 matmuls are
-              emulated on most processors and CPU autocast's own default is bf16).
+``auto``      the program's own dtype: float16 stays float16 on every target (CPU
+              autocast computes float16 too), bfloat16 stays bfloat16. The program's
+              float16 weights, its GradScaler and its saved float16 pipelines then meet
+              the dtype they were written for (a float16 -> bfloat16 rewrite made
+              float16 weights meet bfloat16 activations in ops CPU autocast *promotes*,
+              e.g. ``cat``: "Unexpected floating ScalarType in at::autocast::prioritize").
 ``float16``   always float16 (if the target's autocast accepts it).
-``bfloat16``  always bfloat16.
+``bfloat16``  always bfloat16: the faster choice on a CPU with bf16 units (avx512_bf16,
+              AMX; :func:`torch_adapter.optimizing.native_low_precision` tells) for a
+              program whose weights are float32; float16 weights do not mix with it.
 ``float32``   autocast is disabled (full precision).
 ============  ==================================================================
 
 Every rewrite is recorded in the redirect log (``autocast('cuda', float16)`` →
-``autocast('cpu', bfloat16)``), and :func:`effective_dtype` answers for any request.
+``autocast('cpu', float16) [amp_dtype=auto]``), and :func:`effective_dtype` answers for any request.
 
 Once a CUDA autocast region has been redirected, the norm ops of every autocast region of the
 target follow CUDA autocast's rules while the session is installed (checkpoint recomputation
 re-enters autocast as ``autocast('cpu')``; see :func:`_install_cuda_norm_rules`): CUDA autocast runs layer_norm, group_norm and
-rms_norm in float32, weights included, so float16 weights (``model.half()``) meet a bfloat16
-input without "mixed dtype (CPU)"; batch_norm (instance_norm goes through it), which CUDA
+rms_norm in float32, weights included, so float16 weights (``model.half()``) meet a float16 or
+bfloat16 input without "mixed dtype (CPU)"; batch_norm (instance_norm goes through it), which CUDA
 autocast leaves alone, runs in its weights' dtype as it would on CUDA.
 """
 
@@ -41,9 +46,7 @@ _NAMES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 def effective_dtype(policy: str, target_type: str, requested: torch.dtype | None) -> torch.dtype:
     """What ``autocast('cuda', dtype=requested)`` runs with under ``policy`` on ``target_type``."""
     requested = requested if requested is not None else torch.float16
-    if policy == "auto":
-        if target_type == "cpu" and requested == torch.float16:
-            return torch.bfloat16
+    if policy == "auto":  # the program's own dtype, on every target (module docstring)
         return requested
     return _NAMES[policy]
 
