@@ -333,6 +333,21 @@ def write_json(result: BenchResult, directory: str | Path | None = None) -> Path
     return path
 
 
+def write_meta_json(name: str, data: dict[str, Any], directory: str | Path | None = None) -> Path:
+    """Write a measurement that is not a timing table (``DIRECTORY/NAME.json``) with the machine's
+    conditions beside it; returns the path."""
+    import torch
+
+    directory = Path(directory) if directory is not None else RESULTS_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
+    meta = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "load_average": list(os.getloadavg())}
+    path.write_text(json.dumps({"name": name, "meta": meta, **data}, indent=2) + "\n")
+    print(f"wrote {path}")
+    return path
+
+
 # -- CLI helpers shared by the bench_*.py scripts ----------------------------------------
 def add_arguments(parser: argparse.ArgumentParser, *, workloads: Sequence[str],
                   default_workload: str = "sd_unet") -> None:
