@@ -375,3 +375,88 @@ def no_dispatch_modes() -> Any:
     from torch.utils._python_dispatch import _disable_current_modes
 
     return _disable_current_modes()
+
+
+# --- torch._dynamo's tables of torch's functions ------------------------------------------
+__all__ += ["dynamo_tables_loaded", "dynamo_tables", "dynamo_tables_built", "build_dynamo_tables",
+            "forget_dynamo_tables"]
+
+_DYNAMO_CACHES = ("get_torch_obj_rule_map", "get_tensor_method")
+
+
+def dynamo_tables_loaded() -> bool:
+    """Whether torch._dynamo is imported (importing it takes seconds: never done for this)."""
+    import sys
+
+    return "torch._dynamo.trace_rules" in sys.modules
+
+
+def dynamo_tables() -> list[Any]:
+    """torch._dynamo.trace_rules' tables built once, at their first use, by looking torch's
+    functions up by name (``torch.arange`` → the object of that moment): its rule map of torch
+    functions, its set of Tensor methods and its ``FunctionIdSet`` id sets (allowed, disallowed,
+    builtin, ... callables). A table built while a wrapper stands in for ``torch.arange`` holds the
+    wrapper, not torch's function; dynamo then refuses to trace the real one ("marked as
+    skipped": a graph break at every factory call of compiled code, also after uninstall)."""
+    if not dynamo_tables_loaded():
+        return []
+    import torch._dynamo.trace_rules as tr
+
+    tables: list[Any] = [getattr(tr, n) for n in _DYNAMO_CACHES if hasattr(getattr(tr, n, None), "cache_clear")]
+    tables += [v for v in vars(tr).values() if isinstance(v, tr.FunctionIdSet)]
+    return tables
+
+
+def _built(table: Any) -> bool:
+    return table.cache_info().currsize > 0 if hasattr(table, "cache_info") else table.function_ids is not None
+
+
+def dynamo_tables_built() -> list[bool]:
+    """Per table of :func:`dynamo_tables`, whether it is built ([] when dynamo is not imported)."""
+    return [_built(t) for t in dynamo_tables()] or [False]
+
+
+def build_dynamo_tables() -> bool:
+    """Build every table not built yet, from the attributes of this moment; True if any was built."""
+    built = False
+    for table in dynamo_tables():
+        if not _built(table):
+            table()
+            built = True
+    return built
+
+
+def forget_dynamo_tables(holding: set[int]) -> None:
+    """Forget the built tables that hold one of the object ids in ``holding`` (they are rebuilt
+    at their next use from the attributes of then)."""
+    for table in dynamo_tables():
+        if not _built(table):
+            continue
+        if hasattr(table, "cache_clear"):
+            content = table()
+            ids = {id(k) for k in content}
+            if ids & holding:
+                table.cache_clear()
+        elif table.function_ids & holding:
+            table.function_ids, table.function_names = None, None
+
+
+# --- nn.Module's global forward pre-hooks under a stable key (optimizing.py) ----------------
+__all__ += ["add_global_forward_pre_hook", "remove_global_forward_pre_hook"]
+
+
+def add_global_forward_pre_hook(fn: Any, key: Any = None) -> Any:
+    """Register ``fn`` as a global forward pre-hook; under ``key`` (a key an earlier call
+    returned) when given, so that compiled code guarded on the hooks stays valid. Returns the key."""
+    from torch.nn.modules import module
+
+    if key is None:
+        return module.register_module_forward_pre_hook(fn).id
+    module._global_forward_pre_hooks[key] = fn
+    return key
+
+
+def remove_global_forward_pre_hook(key: Any) -> None:
+    from torch.nn.modules import module
+
+    module._global_forward_pre_hooks.pop(key, None)

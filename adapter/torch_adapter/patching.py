@@ -10,8 +10,9 @@ the data.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any
+from typing import Any, Iterator
 
 __all__ = ["Patcher", "MISSING"]
 
@@ -33,6 +34,7 @@ class Patcher:
         self._order: list[tuple[int, str]] = []
         self._env: dict[str, str | None] = {}
         self._after: list[Any] = []
+        self._before: list[Any] = []
         self._items: list[tuple[Any, Any, Any]] = []
 
     def __len__(self) -> int:
@@ -81,9 +83,42 @@ class Patcher:
         for caches that torch built from the patched attributes and must rebuild."""
         self._after.append(fn)
 
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Torch's own attributes back for the block, the patches again after it: for a cache
+        torch builds once from its attributes (``redirect/dynamo_tables.py``). Not for hot
+        paths: other threads see torch unpatched meanwhile."""
+        current = [(key, getattr(self._saved[key][0], self._saved[key][1], MISSING)) for key in self._order]
+        for key, _ in reversed(current):
+            owner, name, had_own, original = self._saved[key]
+            if original is MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        try:
+            yield
+        finally:
+            for key, value in current:
+                owner, name = self._saved[key][:2]
+                if value is not MISSING:
+                    setattr(owner, name, value)
+
+    def before_restore(self, fn: Any) -> None:
+        """Run ``fn(values)`` when :meth:`restore` starts, with the objects that stand in for
+        torch's (the patched values): for caches that may have picked them up."""
+        self._before.append(fn)
+
+    def values(self) -> list[Any]:
+        """The objects patched in, as they are now."""
+        return [getattr(owner, name, MISSING) for owner, name, _had, _orig in self._saved.values()]
+
     def restore(self) -> None:
         """Undo every patch, newest first; the environment as it was; then the
         :meth:`after_restore` callbacks."""
+        before, self._before = self._before, []
+        values = self.values()
+        for fn in reversed(before):
+            fn(values)
         for key in reversed(self._order):
             owner, name, had_own, original = self._saved[key]
             if had_own:

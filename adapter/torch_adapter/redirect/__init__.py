@@ -30,6 +30,7 @@ def apply_all(session: Any) -> None:
 
     session.redirect_log.enabled = session.config.log_redirects
     remember(session.redirect_log)
+    compiling.prepare(session)  # before any patch: torch._dynamo's tables of torch's functions
     devices.apply(session)
     cuda_ns.apply(session)
     amp.apply(session)

@@ -5,6 +5,16 @@ adapter installed, inductor is told CUDA is available and would try to capture t
 the target, crashing inside CUDA's caching allocator. On a non-CUDA target they become
 ``"default"`` and ``"max-autotune-no-cudagraphs"`` (the same optimisations without the
 capture); each rewrite is logged. ``options={"triton.cudagraphs": True}`` is dropped too.
+
+**Dynamo's tables of torch's functions.** torch._dynamo looks torch's functions up by name
+once, at its first use (``_torch_private.dynamo_tables``). Built while the adapter's wrappers
+stand in for ``torch.arange`` & co., they would hold the wrappers: dynamo would then refuse to
+trace the real functions the wrappers call — a graph break at every factory call and
+``Tensor.to`` in compiled code, during the session and after ``uninstall()``. So
+:func:`prepare` (before any patch) builds them from torch's own functions when torch._dynamo
+is already imported; otherwise the first ``torch.compile`` of the session builds them with
+the patches suspended for that moment. At uninstall, tables that picked up a wrapper anyway
+(built by another path during the session) are forgotten, to be rebuilt from torch's own.
 """
 
 from __future__ import annotations
@@ -14,9 +24,19 @@ from typing import Any
 
 import torch
 
-__all__ = ["MODES", "apply"]
+from .. import _torch_private as tp
+
+__all__ = ["MODES", "prepare", "apply"]
 
 MODES = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+
+
+def prepare(session: Any) -> None:
+    """Before any patch: dynamo's tables from torch's own functions (module docstring)."""
+    if session.target.device_type == "cuda":
+        return
+    tp.build_dynamo_tables()  # nothing when torch._dynamo is not imported
+    session.patcher.before_restore(lambda values: tp.forget_dynamo_tables({id(v) for v in values}))
 
 
 def apply(session: Any) -> None:
@@ -27,6 +47,11 @@ def apply(session: Any) -> None:
 
     @functools.wraps(orig)
     def compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:  # noqa: A001 - torch's name
+        if not all(tp.dynamo_tables_built()):
+            import torch._dynamo  # noqa: F401 - what torch.compile imports; its tables are built below
+
+            with p.suspended():  # torch's own functions for this moment (module docstring)
+                tp.build_dynamo_tables()
         mode = kwargs.get("mode")
         if mode in MODES:
             log.record("compile", f"torch.compile(mode={mode!r})", f"mode={MODES[mode]!r} (no CUDA graphs on "

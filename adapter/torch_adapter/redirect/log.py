@@ -18,6 +18,8 @@ from typing import Any
 
 from .._callsite import site_frames
 
+from torch.compiler import is_compiling as _compiling  # dynamo folds it to a constant while tracing
+
 __all__ = ["RedirectLog", "RedirectEntry", "redirect_log"]
 
 
@@ -54,7 +56,9 @@ class RedirectLog:
         self.enabled = True
 
     def record(self, kind: str, asked: str, became: str, depth: int = 3) -> None:
-        if not self.enabled:
+        # Inside compiled code (dynamo tracing) the redirection happens once, at trace time, and
+        # frame inspection cannot be traced (a graph break per call): not logged there.
+        if not self.enabled or _compiling():
             return
         try:
             frame, lib = site_frames(depth - 1)  # depth counts from record()'s caller
