@@ -17,6 +17,11 @@ models are adopted at their first call and compiled at their second). Not run in
 
     nice python benchmarks/bench_optimize.py --quick
     python benchmarks/bench_optimize.py --configs plain,balanced,aggressive
+    python benchmarks/bench_optimize.py --top-ops        # where the plain step's time goes
+    python benchmarks/bench_optimize.py --configs plain,bf16_autocast,sdpa_math --drift-steps 2 --json optimize_levers
+
+``--top-ops`` profiles the plain step (torch.profiler, CPU activity) and prints each op's share
+of the step's self time: what a level could speed up at all.
 """
 
 from __future__ import annotations
@@ -38,6 +43,26 @@ def _configs() -> list[harness.Configuration]:
     return [harness.plain(), harness.adapted("cpu", name="redirect", goal=0.995),
             harness.adapted("cpu", name="balanced", goal=1.1, optimization_level="balanced"),
             harness.adapted("cpu", name="aggressive", goal=1.3, optimization_level="aggressive")]
+
+
+def _levers() -> list[harness.Configuration]:
+    """Plain torch with one lever pulled by hand, for reference (``--configs plain,bf16_autocast,sdpa_math``):
+    what a level could gain from low precision or another attention kernel on this machine."""
+    import contextlib
+
+    import torch
+
+    def bf16() -> contextlib.AbstractContextManager:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    def math() -> contextlib.AbstractContextManager:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([SDPBackend.MATH])
+
+    device = harness.plain().device
+    return [harness.Configuration("bf16_autocast", bf16, device, 'torch.autocast("cpu", bfloat16) around the step'),
+            harness.Configuration("sdpa_math", math, device, "sdpa_kernel([SDPBackend.MATH]) around the step")]
 
 
 def loss_drift(configs: list[harness.Configuration], steps: int = 4) -> dict[str, dict[str, object]]:
@@ -74,12 +99,37 @@ def loss_drift(configs: list[harness.Configuration], steps: int = 4) -> dict[str
     return out
 
 
+def top_ops(steps: int = 3, rows: int = 8) -> list[tuple[str, float, float]]:
+    """The plain step under torch.profiler: (op, share of all ops' self CPU time, ms per step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step = workloads.sd_unet.build(harness.plain().device)
+    for _ in range(2):
+        step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    total = sum(e.self_cpu_time_total for e in events)
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:rows]
+    return [(e.key, e.self_cpu_time_total / total, e.self_cpu_time_total / steps / 1e3) for e in top]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     harness.add_arguments(parser, workloads=["sd_unet"])
     parser.add_argument("--drift-steps", type=int, default=4, help="seeded steps compared for loss drift")
+    parser.add_argument("--top-ops", action="store_true", help="profile the plain step: each op's share of it")
     args = parser.parse_args(argv)
-    configs = harness.select(_configs(), args.configs)
+    if args.top_ops:
+        rows = top_ops(steps=args.steps)
+        for name, share, ms in rows:
+            print(f"{share * 100:6.1f} %  {ms:8.1f} ms/step  {name}")
+        if args.json:
+            harness.write_meta_json(f"{Path(args.json).stem}_top_ops", {"ops": [
+                {"op": n, "share": sh, "ms_per_step": ms} for n, sh, ms in rows]})
+        return 0
+    configs = harness.select(_configs() + _levers(), args.configs or ",".join(c.name for c in _configs()))
     drift = loss_drift(configs, args.drift_steps)  # also warms the compile cache before timing
     results = harness.run_from_args(args, [workloads.sd_unet], configs, default_name="optimize",
                                     quick={"repeats": 3, "steps": 2, "warmup": 1, "min_block": 0})
