@@ -9,7 +9,8 @@ and whole scripts in between. It sees every aten op below autograd on the thread
 enabled it — backward ops included, which autograd runs on that thread for CPU tensors —
 but not CompositeImplicitAutograd ops, only their pieces.
 
-A feature that raises anything but :class:`~torch_adapter.errors.NumericsError` is
+A feature's ``before``/``after`` run under :func:`torch_adapter.routing.internal.internal`:
+the ops a tool runs itself are in no routing report. A feature that raises anything but :class:`~torch_adapter.errors.NumericsError` is
 switched off with a :class:`ToolWarning` naming it and the op: the user's op still runs.
 
 The module tracker (global ``nn.Module`` forward pre/post hooks, installed while a feature
@@ -67,8 +68,11 @@ def _mode_class() -> type:
 
 
 def _call(name: str, fn: Any, func: Any, *args: Any) -> Any:
+    from .routing.internal import internal
+
     try:
-        return fn(func, *args)
+        with internal():  # a tool's own ops (NaN counts, CPU re-runs) are not the user's: reports leave them out
+            return fn(func, *args)
     except NumericsError:
         raise
     except Exception as exc:  # a failing observer reports itself and steps aside

@@ -294,6 +294,24 @@ def profiler_function_events(event: Any) -> tuple[str, str, int] | None:
     return event.name, event.overload_name, int(event.duration_time_ns)
 
 
+
+__all__ += ["record_range_enter", "record_range_exit"]
+
+
+def record_range_enter(name: str) -> Any:
+    """Open a RecordFunction range (user scope) called ``name`` on this thread, without the
+    dispatcher op ``torch.profiler.record_function`` calls; returns the handle to close."""
+    from torch._C._autograd import _record_function_with_args_enter
+
+    return _record_function_with_args_enter(name)
+
+
+def record_range_exit(handle: Any) -> None:
+    """Close a range opened by :func:`record_range_enter`."""
+    from torch._C._autograd import _record_function_with_args_exit
+
+    _record_function_with_args_exit(handle)
+
 # --- tools ---------------------------------------------------------------------------
 # torch_adapter.profiler, .debug and .memory: the profiler's experimental config (overload
 # names in op events, all threads, no Python event objects at exit), the Python dispatch

@@ -26,6 +26,9 @@ used: a target artifact holds core ATen ops only, and the op stays as a leftover
 trusted: export warns (``incomplete="warn"``, the default) or refuses (``"raise"``).
 ``leftovers`` lists, per op the target lacks in the final graph, its nodes, route and why.
 
+Tracing and decomposing run under :func:`torch_adapter.routing.internal.internal`: the ops
+they run (on fake tensors) are in this report, not in a notebook cell's routing report.
+
 With ``path``, the program is saved with ``torch.export.save`` and the report is written
 next to it as JSON (``model.pt2`` -> ``model.routing.json``, schema ``torch-adapter.export``).
 """
@@ -197,6 +200,7 @@ def export(model: Any, example_inputs: Any, *, target: Any = None, path: str | o
     import torch
 
     from .routing.decide import Route, explain
+    from .routing.internal import internal
 
     args, out = _check(model, example_inputs, path)
     if incomplete not in ("warn", "raise"):
@@ -212,7 +216,8 @@ def export(model: Any, example_inputs: Any, *, target: Any = None, path: str | o
             decisions[name] = explain(name, spec)
         return decisions[name]
 
-    program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
+    with internal():  # tracing (fake tensors) runs nothing of the user's: no routing report counts it
+        program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
     defaults = torch.export.default_decompositions()
     tried: set[str] = set()
     for _ in range(_ROUNDS):
@@ -231,7 +236,8 @@ def export(model: Any, example_inputs: Any, *, target: Any = None, path: str | o
             # (copyreg FutureWarning, once per round): nothing a caller can act on.
             warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                                     category=FutureWarning)
-            program = program.run_decompositions(table)
+            with internal():
+                program = program.run_decompositions(table)
     counts = _ops(program)
     routes = {r.value: 0 for r in Route}
     fallbacks, composite, leftovers = [], [], []

@@ -5,7 +5,8 @@ Used when the C++ observer cannot be built (no compiler). It runs the autograd p
 profiler's event tree into the same counts the C++ observer keeps: calls per
 ``aten::name.overload``, self time, direct children, top-level calls. Only FUNCTION-scope
 events count, as in C++; autograd nodes and user ranges are looked through, so an op under
-them is the child of the nearest op above.
+them is the child of the nearest op above; the range :func:`~.internal.internal` opens is
+left out with everything under it.
 
 The profiler cannot nest, so one profiler run is shared: whenever an observer starts or
 stops while others run, the profiler is stopped, what it saw is added to every running
@@ -18,6 +19,7 @@ import threading
 from typing import Any
 
 from .._torch_private import op_profiler_start, op_profiler_stop, profiler_function_events
+from .internal import MARKER
 
 __all__ = ["ProfilerSession"]
 
@@ -49,7 +51,8 @@ def _walk(events: list[Any], parent: str | None, counts: _Counts) -> int:
     for event in events:
         op = profiler_function_events(event)
         if op is None:
-            found_ns += _walk(event.children, parent, counts)
+            if event.name != MARKER:  # torch_adapter's own work (routing/internal.py) is left out
+                found_ns += _walk(event.children, parent, counts)
             continue
         name, overload, duration = op
         key = f"{name}.{overload}" if overload else name

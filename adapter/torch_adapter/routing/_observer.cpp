@@ -155,6 +155,10 @@ std::atomic<uint64_t> g_errors{0};
 constexpr size_t kMaxDepth = 1024;
 
 thread_local bool t_exited = false;  // trivially destructible: valid during thread teardown
+// > 0 while this thread runs torch_adapter's own work (routing/internal.py): its ops are
+// not the user's, so they are not counted (no frame opened either: their time stays in the
+// self time of the user's op around them, if any).
+thread_local int t_internal = 0;
 
 struct Holder {
   std::shared_ptr<ThreadData> td;
@@ -268,6 +272,7 @@ inline void bump(std::vector<T>& v, int32_t id, T by) {
 }
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (t_internal > 0) return nullptr;
   try {
     ThreadData* td = thread_data();
     if (td == nullptr) return nullptr;
@@ -328,6 +333,12 @@ void release() {
     g_handle = 0;
   }
 }
+
+void enter_internal() { ++t_internal; }
+void exit_internal() {
+  if (t_internal > 0) --t_internal;
+}
+int internal_depth() { return t_internal; }
 
 bool registered() {
   std::lock_guard<std::mutex> guard(g_mu);
@@ -395,5 +406,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("release", &release, "drop one reference; the last one removes the callback");
   m.def("registered", &registered, "whether our callback is registered now");
   m.def("has_global_callbacks", &at::hasGlobalCallbacks, "whether any global RecordFunction callback exists");
+  m.def("enter_internal", &enter_internal, "this thread runs torch_adapter's own work: ops uncounted (nests)");
+  m.def("exit_internal", &exit_internal, "end one enter_internal() on this thread");
+  m.def("internal_depth", &internal_depth, "this thread's enter_internal() depth");
   m.def("snapshot", &snapshot, "cumulative (calls, self_ns, children, top_level, events, errors)");
 }

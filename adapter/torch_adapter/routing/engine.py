@@ -27,6 +27,7 @@ from typing import Any, Callable
 from .. import _torch_private as tp
 from . import ops_table, rules
 from .decide import Route, RouteDecision, decide_name
+from .internal import active as internal_active
 from .log import RoutingLog
 from .policy import FallbackCounter, Policy, make_policy
 
@@ -217,6 +218,8 @@ class Engine:
             children, st.child_ns = st.child_ns, saved_child + dt
         if counted:
             st.decided = d
+        if internal_active():  # torch_adapter's own work (routing/internal.py): routed, not logged
+            return out
         # the recorder already counts this call in its own logs; every other log counts it here
         rec_logs = st.recorder.logs if counted and st.recorder is not None else ()
         for log in self.logs:

@@ -9,12 +9,15 @@ decomposition on small CPU sample inputs built from the op's schema under a disp
 that records every op called (prims expanded into their ``impl_aten``), and answers whether
 the op itself was among them. Ops whose samples cannot be built or run answer None
 (unknown: the decomposition is kept and the engine still declines at run time if needed).
+The probe runs under :func:`~.internal.internal`: no routing report counts its ops.
 """
 
 from __future__ import annotations
 
 import functools
 from typing import Any
+
+from .internal import internal
 
 __all__ = ["calls_itself", "sample_args"]
 
@@ -98,7 +101,8 @@ def calls_itself(name: str, profile: Any = None) -> bool | None:
         return None
     _PROBING.add((name, profile))
     try:
-        return _probe(name, profile)
+        with internal():  # the probe's ops are the adapter's, not the user's: no observer counts them
+            return _probe(name, profile)
     finally:
         _PROBING.discard((name, profile))
 

@@ -26,6 +26,7 @@ from typing import Any, Iterator
 from .._torch_private import dispatch_mode_base
 from .decide import decide_name, is_known_op
 from .engine import state
+from .internal import active as internal_active
 from .log import RoutingLog
 
 __all__ = ["trace", "Recorder", "active_logs"]
@@ -45,6 +46,8 @@ def _recorder_class() -> type:
             self._decisions: dict[Any, Any] = {}
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if internal_active():  # torch_adapter's own work (routing/internal.py): not the user's ops
+                return func(*args, **(kwargs or {}))
             d = self._decisions.get(func)
             if d is None:
                 d = self._decisions[func] = self.decide(func.name())
