@@ -49,7 +49,8 @@ SPAWN_SCRIPT = textwrap.dedent("""
         t = torch.ones(3, device=f"cuda:{rank}")
         dist.all_reduce(t)
         print("spawned rank", rank, t[0].item(), flush=True)
-        dist.destroy_process_group()
+        dist.destroy_process_group()                       # before returning: no group left at exit
+        print("group destroyed:", not dist.is_initialized(), flush=True)
 
     if __name__ == "__main__":
         s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
@@ -127,16 +128,22 @@ def test_accelerate_launch_of_the_adapter_module(scripts):
 
 
 def test_report_of_a_script_whose_work_runs_in_spawned_children(scripts):
-    """mp.spawn ranks: the parent ran no ops, so the report shows the children, never an empty parent table."""
+    """mp.spawn ranks: the parent ran no ops, so the report shows the children, never an empty parent table;
+    each child is labelled by the rank its (gloo) group had, although it destroyed the group before exit."""
     out = scripts / "spawn.json"
     res = run_cli("run", "--report", "--report-json", str(out), str(scripts / "spawn.py"), cwd=scripts, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.count("spawned rank") == 2
+    assert res.stdout.count("group destroyed: True") == 2
+    assert "rank 0 of 2 (pid" in res.stderr and "rank 1 of 2 (pid" in res.stderr  # not "pid N"
+    assert res.stderr.index("rank 0 of 2 (pid") < res.stderr.index("rank 1 of 2 (pid")  # ranks in order
     assert "this process ran no ops itself; 2 adapted child process(es) did" in res.stderr
     assert "0 native · 0 composite" not in res.stderr
     payload = json.loads(out.read_text())
     assert payload["summary"]["native"] > 0
-    assert len([p for p in payload["processes"] if p["summary"]]) == 2
+    workers = [p for p in payload["processes"] if p["summary"]]
+    assert len(workers) == 2 and sorted(p["rank"] for p in workers) == [0, 1]
+    assert all(p["label"].startswith(f"rank {p['rank']} of 2 (pid {p['pid']})") for p in workers)
 
 
 def test_exit_is_bounded_after_the_script_ends(scripts):

@@ -4,8 +4,11 @@
 keys to the settings that ``TORCH_ADAPTER_AUTOINSTALL`` carries to child processes:
 ``announce`` (a private folder) and ``report`` (record ops). Every child the ``.pth`` hook
 adapts writes ``<folder>/<pid>.json`` when it starts (so the parent knows what was
-adapted) and again at exit with its label (``rank 0`` from ``RANK`` or the process group,
-else ``pid N``), its routing log and its redirects. The parent reads them back with
+adapted) and again at exit with its label (``rank 0`` from ``RANK``, else from the process
+group: the live one at exit, or the one it had — ``init_process_group`` is wrapped to note
+the rank and world size when the default group comes up, so an ``mp.spawn`` worker that
+destroys its group before returning keeps its rank; else ``pid N``), its routing log and
+its redirects. The parent reads them back with
 :func:`collect` and prints one report per process, labelled, plus the merged totals
 (:func:`render`, :func:`merged_payload`). DataLoader workers are counted, not reported.
 """
@@ -13,6 +16,7 @@ else ``pid N``), its routing log and its redirects. The parent reads them back w
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import sys
@@ -28,18 +32,63 @@ def new_folder() -> str:
     return tempfile.mkdtemp(prefix="torch-adapter-run-")
 
 
-def _rank() -> int | None:
-    raw = os.environ.get("RANK")
-    if raw is not None and raw.strip().isdigit():
-        return int(raw)
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    return int(raw) if raw is not None and raw.strip().isdigit() else None
+
+
+def _group() -> tuple[int, int] | None:
+    """(rank, world size) of this process's default process group, while it exists."""
     try:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank())
+            return int(dist.get_rank()), int(dist.get_world_size())
     except Exception:  # noqa: BLE001 - a label is never worth an error
         pass
     return None
+
+
+def _rank_and_world(record: dict[str, Any]) -> tuple[int | None, int | None]:
+    """``RANK``/``WORLD_SIZE``, else the live process group, else the one noted at its init."""
+    group = _group() or record.get("group")
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    if rank is None and group:
+        rank, world = group[0], world if world is not None else group[1]
+    return rank, world
+
+
+def _remember_group(session: Any, folder: str, record: dict[str, Any]) -> None:
+    """Wrap ``init_process_group`` (each ``torch.distributed*`` module's binding of it, through
+    the session's patcher) to note the rank and world size once the default group is up, and
+    rewrite the announcement with them (a rank killed later is still named by its rank)."""
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return
+        from torch.distributed import distributed_c10d as c10d
+    except Exception:  # noqa: BLE001 - no distributed in this torch: nothing to label by
+        return
+    current = c10d.init_process_group
+
+    @functools.wraps(current)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        out = current(*args, **kwargs)
+        group = _group()
+        if group is not None:
+            record["group"] = list(group)
+            record["rank"], record["world_size"] = _rank_and_world(record)
+            try:
+                _write(folder, record)
+            except Exception:  # noqa: BLE001 - instrumentation never breaks the user's init
+                pass
+        return out
+
+    for name, module in sorted(sys.modules.items()):
+        if name.startswith("torch.distributed") and module is not None \
+                and vars(module).get("init_process_group") is current:
+            session.patcher.set(module, "init_process_group", init_process_group)
 
 
 def label(record: dict[str, Any]) -> str:
@@ -75,6 +124,7 @@ def start(options: dict[str, Any], session: Any) -> None:
     record: dict[str, Any] = {"pid": os.getpid(), "ppid": os.getppid(), "argv": list(sys.argv), "state": "started",
                               "rank": None, "role": "main", "target": session.target.label}
     _write(folder, record)
+    _remember_group(session, folder, record)
     tracer = log = None
     if options.get("report"):
         from .routing.trace import trace
@@ -88,9 +138,8 @@ def start(options: dict[str, Any], session: Any) -> None:
         try:
             if tracer is not None:
                 tracer.__exit__(None, None, None)
-            world = os.environ.get("WORLD_SIZE")
-            record.update(state="finished", argv=list(sys.argv), rank=_rank(), role=_role(),
-                          world_size=int(world) if world and world.isdigit() else None)
+            rank, world = _rank_and_world(record)
+            record.update(state="finished", argv=list(sys.argv), rank=rank, role=_role(), world_size=world)
             if log is not None and record["role"] == "main":
                 record["routing"] = log.to_dict()
                 record["redirects"] = session.redirect_log.to_json()["entries"]
