@@ -18,7 +18,7 @@ import torch
 import torch_adapter
 from torch_adapter.routing import observe
 from torch_adapter.routing.internal import active, internal
-from torch_adapter.routing.observe import OpObserver
+from torch_adapter.routing.observe import OpObserver, is_op_key
 from torch_adapter.routing.trace import trace
 
 needs_cpp = pytest.mark.skipif(not observe.is_compiled_available(),
@@ -147,9 +147,39 @@ def test_debug_checks_are_not_observed(backend):
         finally:
             debug.disable_nan_check()
 
-    # the check's own isnan/isinf/sum calls are not counted; only the user's op is there (the
-    # tool's dispatch mode re-dispatches it, which the observers see as a second call)
-    assert set(observed(backend, work).ops()) == {"aten::sin"}
+    # the check's own isnan/isinf/sum calls are not counted, nor the tool's mode re-dispatching sin
+    result = observed(backend, work)
+    assert result.ops() == {"aten::sin": 1} and op_children(result) == {}
+
+
+def test_a_tool_mode_re_dispatch_is_counted_once_with_the_ops_pieces(backend):
+    from torch_adapter import memory
+
+    a = torch.ones(4, 4)
+
+    def step():
+        torch.nn.functional.linear(a, a).relu()  # linear: composite above the mode, its pieces reach it
+
+    plain = observed(backend, step)
+    memory.track(True, min_bytes=0)  # the memory tool's mode handles every op below autograd
+    try:
+        tracked = observed(backend, step)
+    finally:
+        memory.track(False)
+    assert tracked.ops() == plain.ops()
+    assert op_children(tracked) == op_children(plain)  # the same pieces under the same ops
+    assert "aten::mm" in op_children(tracked)["aten::matmul"]
+
+
+def op_children(result):
+    """``children`` between dispatcher ops (a mode's named "PythonDispatchMode" range looked through)."""
+    out = {}
+    for parent, kids in result.children.items():
+        for kid, n in kids.items():
+            if is_op_key(kid):
+                key = parent if is_op_key(parent) else None
+                out.setdefault(key, {})[kid] = out.get(key, {}).get(kid, 0) + n
+    return out
 
 
 # -- a real IPython shell in a fresh process ---------------------------------------------------

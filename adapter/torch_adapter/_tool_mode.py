@@ -48,6 +48,8 @@ class ToolWarning(UserWarning):
 
 
 def _mode_class() -> type:
+    from .routing.internal import redispatch
+
     base = tp.dispatch_mode_base()
 
     class ToolMode(base):  # type: ignore[misc, valid-type]
@@ -56,10 +58,12 @@ def _mode_class() -> type:
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             if _STALE and any(self is m for m in _STALE):  # switched off from another thread: pass ops through
-                return func(*args, **kwargs)
+                with redispatch():
+                    return func(*args, **kwargs)
             features = list(_FEATURES.items())
             states = [_call(name, f.before, func, args, kwargs) for name, f in features]
-            out = func(*args, **kwargs)
+            with redispatch():  # the user's op once more, one level down: observers counted it already
+                out = func(*args, **kwargs)
             for (name, f), state in zip(features, states):
                 _call(name, f.after, func, args, kwargs, out, state)
             return out

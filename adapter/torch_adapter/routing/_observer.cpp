@@ -67,6 +67,7 @@ struct Frame {
   int32_t id;
   uint64_t t0;
   uint64_t child_ns;
+  bool named;  // a range named by a string ("PythonDispatchMode"), not a dispatcher op
 };
 
 // (name, overload) pointers of a dispatcher op's schema -> op id. `text` is our own copy of
@@ -159,6 +160,10 @@ thread_local bool t_exited = false;  // trivially destructible: valid during thr
 // not the user's, so they are not counted (no frame opened either: their time stays in the
 // self time of the user's op around them, if any).
 thread_local int t_internal = 0;
+// Set just before a dispatch mode of torch_adapter re-dispatches the op it is handling
+// (`func(*args)` in __torch_dispatch__): that next call is the same op call again, one
+// level down, which was counted when it entered the dispatcher. Cleared by the next call.
+thread_local bool t_redispatch = false;
 
 struct Holder {
   std::shared_ptr<ThreadData> td;
@@ -277,15 +282,25 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     ThreadData* td = thread_data();
     if (td == nullptr) return nullptr;
     int32_t id = op_id(td, fn);
-    uint32_t parent = td->stack.empty() ? kTop : static_cast<uint32_t>(td->stack.back().id);
-    {
+    bool named = fn.overload_name() == td->string_overload;  // (op_id has seen this range's kind)
+    // A mode's re-dispatch is the op on top of the stack, or under the range the Python dispatch
+    // key opens: not counted again; its frame stays so that its pieces are the op's.
+    bool again = false;
+    if (t_redispatch) {
+      t_redispatch = false;
+      const auto& stack = td->stack;
+      size_t n = stack.size();
+      again = n > 0 && (stack[n - 1].id == id || (n > 1 && stack[n - 1].named && stack[n - 2].id == id));
+    }
+    if (!again) {
+      uint32_t parent = td->stack.empty() ? kTop : static_cast<uint32_t>(td->stack.back().id);
       std::lock_guard<SpinLock> guard(td->lock);
       bump<uint64_t>(td->calls, id, 1);
       td->events++;
       td->pairs.add((static_cast<uint64_t>(parent) << 32) | static_cast<uint32_t>(id), 1);
     }
     // An async range may end on another thread: it is counted, but opens no frame here.
-    if (td->stack.size() < kMaxDepth && !fn.isAsync()) td->stack.push_back(Frame{&fn, id, now_ns(), 0});
+    if (td->stack.size() < kMaxDepth && !fn.isAsync()) td->stack.push_back(Frame{&fn, id, now_ns(), 0, named});
   } catch (...) {
     g_errors.fetch_add(1, std::memory_order_relaxed);
   }
@@ -339,6 +354,8 @@ void exit_internal() {
   if (t_internal > 0) --t_internal;
 }
 int internal_depth() { return t_internal; }
+void expect_redispatch() { t_redispatch = true; }
+void clear_redispatch() { t_redispatch = false; }
 
 bool registered() {
   std::lock_guard<std::mutex> guard(g_mu);
@@ -409,5 +426,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("enter_internal", &enter_internal, "this thread runs torch_adapter's own work: ops uncounted (nests)");
   m.def("exit_internal", &exit_internal, "end one enter_internal() on this thread");
   m.def("internal_depth", &internal_depth, "this thread's enter_internal() depth");
+  m.def("expect_redispatch", &expect_redispatch, "the next call on this thread re-dispatches the running op");
+  m.def("clear_redispatch", &clear_redispatch, "forget expect_redispatch() (the call did not happen)");
   m.def("snapshot", &snapshot, "cumulative (calls, self_ns, children, top_level, events, errors)");
 }

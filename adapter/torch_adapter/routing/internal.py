@@ -14,6 +14,11 @@ block, on the thread that runs it, every observer of the adapter leaves them out
 - ``trace()``'s recorder mode passes them through unrecorded, and the routing engine still
   routes them (they must run) but writes them to no log.
 
+:func:`redispatch` is the other half: a dispatch mode of the adapter (the debug and memory
+tools' mode) re-dispatches the user's op it handles, which both observers would count a
+second time, as a piece of itself; around that call the re-dispatch is not counted (its
+pieces are the op's own).
+
 Nothing else changes: a user's own ``torch.profiler`` still sees the ops (their time is
 real). The guard nests, and it is per thread: an op that a kernel's worker thread
 dispatches itself is not covered, nor is an observer whose backend first loads inside the
@@ -27,9 +32,10 @@ import sys
 import threading
 from typing import Iterator
 
-__all__ = ["internal", "active", "MARKER"]
+__all__ = ["internal", "redispatch", "active", "MARKER", "REDISPATCH"]
 
 MARKER = "torch_adapter::internal"  # the profiler range the block opens for the profiler backend
+REDISPATCH = "torch_adapter::redispatch"  # the profiler range around a mode's re-dispatch
 _local = threading.local()
 
 
@@ -74,3 +80,28 @@ def internal() -> Iterator[None]:
             if ext is not None:
                 ext.exit_internal()  # type: ignore[attr-defined]
             _local.depth = depth
+
+
+@contextlib.contextmanager
+def redispatch() -> Iterator[None]:
+    """The block's first op call is a dispatch mode's re-dispatch of the op it handles
+    (``func(*args)`` in ``__torch_dispatch__``): observers do not count it again."""
+    ext = _cpp_extension()
+    handle = None
+    try:
+        if ext is not None:
+            ext.expect_redispatch()  # type: ignore[attr-defined]
+        if _profiler_observing():
+            from .._torch_private import record_range_enter
+
+            handle = record_range_enter(REDISPATCH)
+        yield
+    finally:
+        try:
+            if handle is not None:
+                from .._torch_private import record_range_exit
+
+                record_range_exit(handle)
+        finally:
+            if ext is not None:
+                ext.clear_redispatch()  # type: ignore[attr-defined]
