@@ -45,6 +45,8 @@ REPOS = {  # key -> a file that identifies the checkout
     "nanoGPT": "config/train_shakespeare_char.py",
     "minGPT": "projects/adder/adder.py",
     "timm": "timm/version.py",
+    "DiT": "diffusion/respace.py",
+    "ddpm": "denoising_diffusion_pytorch/denoising_diffusion_pytorch.py",
 }
 
 
@@ -56,7 +58,8 @@ class Case:
     check: Callable[[Path, str], str | None] = lambda work, out: None  # error text or None
     timeout: int = 900
     extra_path: bool = False  # the checkout itself on PYTHONPATH (timm)
-    env: dict = field(default_factory=dict)
+    with_repos: tuple = ()  # other checkouts the program imports, put on PYTHONPATH (DiT imports timm)
+    env: dict = field(default_factory=dict)  # extra environment; "{work}" in a value is the case folder
 
 
 # -- diffusers: examples/text_to_image/train_text_to_image.py -------------------------------------------------------
@@ -180,6 +183,43 @@ def _timm(amp: bool, ranks: int = 1):
     return build
 
 
+# -- facebookresearch/DiT -------------------------------------------------------------------------------------------
+DIT_VAES = ("stabilityai/sd-vae-ft-ema", "stabilityai/sd-vae-ft-mse")  # train.py's default --vae, sample.py's
+DIT_TRAIN1 = "DiT train.py torchrun 1 rank (asserts CUDA, nccl, from_pretrained VAE)"
+
+
+def _dit_train(ranks: int):
+    def build(repo: Path, work: Path):
+        fixtures.hf_cached_vae(work / "hf_home", DIT_VAES)
+        data = fixtures.image_folder(work.parent / "_dit_images", splits=("train",)) / "train"
+        args = ["--data-path", str(data), "--results-dir", str(work / "results"), "--model", "DiT-S/8",
+                "--image-size", "256", "--epochs", "1", "--global-batch-size", str(2 * ranks),
+                "--num-workers", str(ranks - 1), "--log-every", "1", "--ckpt-every", str(8 // (2 * ranks))]
+        launch = ["torchrun", "--standalone", "--nproc-per-node", str(ranks)]
+        return [*launch, "-m", "torch_adapter", "run", str(repo / "train.py"), *args], work
+    return build
+
+
+def _dit_ckpt(work: Path) -> Path | None:
+    found = sorted((work / "results").glob("*/checkpoints/*.pt"))
+    return found[-1] if found else None
+
+
+def _dit_check(work: Path, out: str) -> str | None:
+    if _dit_ckpt(work) is None:
+        return "no results/*/checkpoints/*.pt"
+    return None if "Done!" in out else "output lacks Done!"
+
+
+def _dit_sample(repo: Path, work: Path):
+    fixtures.hf_cached_vae(work / "hf_home", DIT_VAES)
+    ckpt = _dit_ckpt(work.parent / _slug(DIT_TRAIN1))
+    if ckpt is None:
+        raise RuntimeError(f"needs the checkpoint of the case {DIT_TRAIN1!r} (run it first, same --work)")
+    return [*RUN, str(repo / "sample.py"), "--model", "DiT-S/8", "--image-size", "256", "--num-sampling-steps", "2",
+            "--ckpt", str(ckpt)], work
+
+
 def _expect(pattern: str, path: str | None = None):
     def check(work: Path, out: str) -> str | None:
         if path and not (work / path).exists():
@@ -214,6 +254,13 @@ CASES = [
     Case("timm train.py resnet18 --amp", "timm", _timm(True), _expect(r"Train: 0 .*100%", "out/e"),
          extra_path=True),
     Case("timm train.py resnet18 torchrun 2 ranks", "timm", _timm(False, 2), _expect(r"Train: 0"), extra_path=True),
+    Case(DIT_TRAIN1, "DiT", _dit_train(1), _dit_check, with_repos=("timm",),
+         env={"HF_HOME": "{work}/hf_home"}),
+    Case("DiT train.py torchrun 2 ranks (DDP, DataLoader worker, pin_memory)", "DiT", _dit_train(2), _dit_check,
+         with_repos=("timm",), env={"HF_HOME": "{work}/hf_home"}),
+    Case("DiT sample.py from the train case's checkpoint (inference, CFG)", "DiT", _dit_sample,
+         _expect(r"100%", "sample.png"), with_repos=("timm",),
+         env={"HF_HOME": "{work}/hf_home", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}),  # its checkpoint holds args
 ]
 
 
@@ -250,6 +297,11 @@ def _reason(text: str) -> str:
     return (lines[-1] if lines else "no output")[:300]
 
 
+def _slug(name: str) -> str:
+    """A case's folder name under --work."""
+    return re.sub(r"[^\w]+", "_", name)[:60]
+
+
 def detect(path: Path) -> str | None:
     for key, marker in REPOS.items():
         if (path / marker).is_file():
@@ -281,14 +333,22 @@ def main(argv: list[str] | None = None) -> int:
     for case in CASES:
         if case.repo not in repos or (args.only and not any(s in case.name for s in args.only)):
             continue
-        slug = re.sub(r"[^\w]+", "_", case.name)[:60]
+        missing = [r for r in case.with_repos if r not in repos]
+        if missing:
+            print(f"skip {case.name}: it imports {', '.join(missing)}: pass that checkout too")
+            continue
+        slug = _slug(case.name)
         cdir = work / slug
         shutil.rmtree(cdir, ignore_errors=True)
         cdir.mkdir(parents=True)
         t0 = time.time()
         try:
             cmd, cwd = case.build(repos[case.repo], cdir)
-            res = subprocess.run(cmd, cwd=cwd, env=_env(case.extra_path, repos[case.repo], work),
+            env = {**_env(case.extra_path, repos[case.repo], work),
+                   **{k: v.format(work=cdir) for k, v in case.env.items()}}
+            if case.with_repos:
+                env["PYTHONPATH"] = os.pathsep.join([*(str(repos[r]) for r in case.with_repos), env["PYTHONPATH"]])
+            res = subprocess.run(cmd, cwd=cwd, env=env,
                                  capture_output=True, text=True, timeout=args.timeout or case.timeout)
             out = res.stdout + "\n" + res.stderr
             error = (f"exit code {res.returncode}: {_reason(res.stderr)}" if res.returncode != 0
