@@ -159,7 +159,7 @@ def nanogpt_chars(folder: Path, n: int = 20000) -> Path:
 
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(4)
-    text = " ".join(rng.choices(_WORDS, k=n // 5))[:n]
+    text = "\n".join(" ".join(rng.choices(_WORDS, k=6)) for _ in range(n // 30))[:n]  # "\n": sample.py's start
     chars = sorted(set(text))
     stoi = {c: i for i, c in enumerate(chars)}
     ids = np.array([stoi[c] for c in text], dtype=np.uint16)

@@ -158,6 +158,20 @@ def _nanogpt(ranks: int):
     return build
 
 
+NANOGPT_TRAIN1 = "nanoGPT train.py float16 AMP + GradScaler"
+
+
+def _nanogpt_sample(repo: Path, work: Path):
+    train = work.parent / _slug(NANOGPT_TRAIN1)
+    if not (train / "out" / "ckpt.pt").exists():
+        raise RuntimeError(f"needs the checkpoint of the case {NANOGPT_TRAIN1!r} (run it first, same --work)")
+    for name, target in (("configurator.py", repo / "configurator.py"), ("data", train / "data")):
+        if not (work / name).exists():  # sample.py exec()s ./configurator.py and reads data/<dataset>/meta.pkl
+            (work / name).symlink_to(target)
+    return [*RUN, str(repo / "sample.py"), "--init_from=resume", f"--out_dir={train / 'out'}", "--device=cuda",
+            "--num_samples=2", "--max_new_tokens=24"], work  # dtype: its default (bfloat16 if is_bf16_supported)
+
+
 def _nanogpt_check(work: Path, out: str) -> str | None:
     return None if (work / "out" / "ckpt.pt").exists() else "no out/ckpt.pt"
 
@@ -248,8 +262,10 @@ CASES = [
          _expect(r"End of training")),
     Case("pytorch/examples ddp-tutorial multigpu_torchrun: torch-adapter run torchrun 2 ranks", "examples",
          _ddp_tutorial, _expect(r"Training snapshot saved")),
-    Case("nanoGPT train.py float16 AMP + GradScaler", "nanoGPT", _nanogpt(1), _nanogpt_check),
+    Case(NANOGPT_TRAIN1, "nanoGPT", _nanogpt(1), _nanogpt_check),
     Case("nanoGPT train.py torchrun 2 ranks (DDP, nccl)", "nanoGPT", _nanogpt(2), _nanogpt_check),
+    Case("nanoGPT sample.py --init_from=resume (generation under autocast, default dtype)", "nanoGPT",
+         _nanogpt_sample, _expect(r"(?s)---------------.*---------------")),
     Case("minGPT projects/adder", "minGPT", _mingpt, _expect(r"iter_dt .* iter 20"), extra_path=True),
     Case("timm train.py resnet18 --amp", "timm", _timm(True), _expect(r"Train: 0 .*100%", "out/e"),
          extra_path=True),
