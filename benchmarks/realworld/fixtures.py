@@ -136,7 +136,9 @@ def mnist_raw(root: Path, train: int = 64, test: int = 32) -> Path:
     rng = random.Random(2)
     for prefix, n in (("train", train), ("t10k", test)):
         images = struct.pack(">IIII", 2051, n, 28, 28) + bytes(rng.randrange(256) for _ in range(n * 784))
-        labels = struct.pack(">II", 2049, n) + bytes(rng.randrange(10) for _ in range(n))
+        digits = [i % 10 for i in range(n)]  # every digit several times (siamese_network pairs within a class)
+        rng.shuffle(digits)
+        labels = struct.pack(">II", 2049, n) + bytes(digits)
         for name, data in ((f"{prefix}-images-idx3-ubyte", images), (f"{prefix}-labels-idx1-ubyte", labels)):
             (raw / name).write_bytes(data)
             with gzip.open(raw / f"{name}.gz", "wb") as fh:

@@ -140,6 +140,27 @@ def _ddp_tutorial(repo: Path, work: Path):
     return [*RUN, *TORCHRUN2, script, "2", "1", "--batch_size", "64"], work  # launcher mode: torch-adapter run torchrun
 
 
+def _mnist_example(path: str, *args: str):
+    def build(repo: Path, work: Path):
+        fixtures.mnist_raw(work.parent / "data")  # the MNIST examples read ../data
+        (work / "results").mkdir(exist_ok=True)  # vae/main.py saves images to results/
+        return [*RUN, str(repo / path), *args], work
+    return build
+
+
+def _torchrun_example(path: str, *args: str, ranks: int = 2):
+    def build(repo: Path, work: Path):
+        launch = ["torchrun", "--standalone", "--nproc-per-node", str(ranks)]
+        return [*launch, "-m", "torch_adapter", "run", str(repo / path), *args], work
+    return build
+
+
+# -- denoising-diffusion-pytorch: the README's Trainer usage, written as a file (library usage) ------------------
+def _ddpm(repo: Path, work: Path):
+    data = fixtures.image_folder(work.parent / "_ddpm_images", classes=1, per_class=100, size=16, splits=("train",))
+    return [*RUN, str(HERE / "ddpm_readme.py"), str(data)], work
+
+
 # -- nanoGPT ---------------------------------------------------------------------------------------------------------
 def _nanogpt(ranks: int):
     def build(repo: Path, work: Path):
@@ -262,10 +283,39 @@ CASES = [
          _expect(r"End of training")),
     Case("pytorch/examples ddp-tutorial multigpu_torchrun: torch-adapter run torchrun 2 ranks", "examples",
          _ddp_tutorial, _expect(r"Training snapshot saved")),
+    Case("pytorch/examples mnist_hogwild --cuda (mp.Process children share a CUDA model)", "examples",
+         _mnist_example("mnist_hogwild/main.py", "--cuda", "--num-processes", "2", "--epochs", "1", "--batch-size",
+                        "16", "--test-batch-size", "16", "--log-interval", "1", "--dry-run"),
+         _expect(r"Test set: Average loss")),
+    Case("pytorch/examples vae/main.py (torch.accelerator)", "examples",
+         _mnist_example("vae/main.py", "--epochs", "1", "--batch-size", "16", "--log-interval", "1"),
+         _expect(r"(?s)Using device: cuda.*Test set loss", "results/sample_1.png")),
+    Case("pytorch/examples mnist_rnn --accel (LSTM)", "examples",
+         _mnist_example("mnist_rnn/main.py", "--accel", "--epochs", "1", "--batch-size", "16", "--test-batch-size",
+                        "16", "--log-interval", "1", "--dry-run"), _expect(r"Test set: Average loss")),
+    Case("pytorch/examples siamese_network (torch.accelerator)", "examples",
+         _mnist_example("siamese_network/main.py", "--epochs", "1", "--batch-size", "16", "--test-batch-size", "16",
+                        "--log-interval", "1", "--dry-run"), _expect(r"(?s)Using device: cuda.*Test set: Average loss")),
+    Case("pytorch/examples distributed/FSDP2 example.py: torchrun 2 ranks (fully_shard, meta init, DCP save)",
+         "examples", _torchrun_example("distributed/FSDP2/example.py"), _expect(r"Running on rank 1", "checkpoints")),
+    Case("pytorch/examples distributed/FSDP2 example.py --mixed-precision --explicit-prefetching", "examples",
+         _torchrun_example("distributed/FSDP2/example.py", "--mixed-precision", "--explicit-prefetching"),
+         _expect(r"Running on rank 1", "checkpoints")),
+    Case("pytorch/examples tensor_parallelism tensor_parallel_example.py: torchrun 2 ranks (DTensor)", "examples",
+         _torchrun_example("distributed/tensor_parallelism/tensor_parallel_example.py"),
+         _expect(r"Tensor Parallel training completed")),
+    Case("pytorch/examples tensor_parallelism sequence_parallel_example.py: torchrun 2 ranks", "examples",
+         _torchrun_example("distributed/tensor_parallelism/sequence_parallel_example.py"),
+         _expect(r"Sequence Parallel training completed")),
+    Case("pytorch/examples tensor_parallelism fsdp_tp_example.py: torchrun 4 ranks (2-D mesh FSDP + TP, Llama2)",
+         "examples", _torchrun_example("distributed/tensor_parallelism/fsdp_tp_example.py", ranks=4),
+         _expect(r"2D training successfully completed")),
     Case(NANOGPT_TRAIN1, "nanoGPT", _nanogpt(1), _nanogpt_check),
     Case("nanoGPT train.py torchrun 2 ranks (DDP, nccl)", "nanoGPT", _nanogpt(2), _nanogpt_check),
     Case("nanoGPT sample.py --init_from=resume (generation under autocast, default dtype)", "nanoGPT",
          _nanogpt_sample, _expect(r"(?s)---------------.*---------------")),
+    Case("denoising-diffusion-pytorch README Trainer usage (accelerate fp16, flash_attn=True)", "ddpm", _ddpm,
+         _expect(r"training complete", "results/model-1.pt"), extra_path=True),
     Case("minGPT projects/adder", "minGPT", _mingpt, _expect(r"iter_dt .* iter 20"), extra_path=True),
     Case("timm train.py resnet18 --amp", "timm", _timm(True), _expect(r"Train: 0 .*100%", "out/e"),
          extra_path=True),

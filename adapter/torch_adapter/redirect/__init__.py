@@ -5,6 +5,7 @@
 - :mod:`.device_ordinal` ``torch.device(0)`` (a stand-in for the name while installed)
 - :mod:`.dataflow`     DataLoader pinning, ``nn.DataParallel`` on the host
 - :mod:`.cuda_ns`      the ``torch.cuda`` namespace answered for the target
+- :mod:`.accelerator`  ``torch.accelerator`` answered as ``torch.cuda`` on the CPU target (torch's own calls: the truth)
 - :mod:`.amp`          autocast / GradScaler / custom_fwd, profiler activities, SDPA backends
 - :mod:`.compiling`    ``torch.compile`` CUDA-graph modes → their no-graph equivalents
 - :mod:`.distributed`  "nccl" → the target's collective backend, DDP device ids
@@ -24,7 +25,7 @@ __all__ = ["apply_all"]
 
 
 def apply_all(session: Any) -> None:
-    from . import amp, compiling, cuda_ns, devices, distributed, env, probes
+    from . import accelerator, amp, compiling, cuda_ns, devices, distributed, env, probes
     from .log import remember
     from .._autoinstall import ENV_VAR, encode
 
@@ -32,6 +33,7 @@ def apply_all(session: Any) -> None:
     remember(session.redirect_log)
     devices.apply(session)
     cuda_ns.apply(session)
+    accelerator.apply(session)
     amp.apply(session)
     compiling.apply(session)
     distributed.apply(session)
