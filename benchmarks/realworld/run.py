@@ -4,7 +4,8 @@
                                        [--work DIR] [--json PATH] [--timeout S]
 
 Each CHECKOUT is a local git checkout of a public project (recognised by its files:
-diffusers, pytorch/examples, nanoGPT, minGPT, pytorch-image-models). Every case runs the
+diffusers, pytorch/examples, nanoGPT, minGPT, pytorch-image-models, DiT,
+denoising-diffusion-pytorch). Every case runs the
 project's own entry point with ``python -m torch_adapter run`` (or under ``accelerate
 launch`` / ``torchrun``), on tiny local data and tiny models built from configs
 (fixtures.py; HF_HUB_OFFLINE=1), and prints one ``ok``/``FAIL`` line; the run ends with
