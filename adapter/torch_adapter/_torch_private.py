@@ -478,3 +478,46 @@ def remove_global_forward_pre_hook(key: Any) -> None:
     from torch.nn.modules import module
 
     module._global_forward_pre_hooks.pop(key, None)
+
+__all__ += ["dtensor_register_strategy"]
+
+
+def dtensor_register_strategy(op: Any, placements: Any, input_index: int, static_argnum: int) -> Any:
+    """Give DTensor a sharding strategy for ``op`` (an OpOverload it has none for).
+
+    ``placements(args)`` lists, for one mesh dimension, the acceptable placements of
+    ``[outputs…, tensor inputs…]`` (``None`` for a non-tensor output); ``input_index`` is
+    where the inputs start in each list; ``static_argnum`` the first non-tensor argument that
+    takes part in the propagation cache key. DTensor's ``expand_to_full_mesh_op_strategy``
+    turns that into an ``OpStrategy`` over the whole mesh. Returns an undo callable, or None
+    when torch already has a strategy (torch's own is kept)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+    from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+
+    prop = DTensor._op_dispatcher.sharding_propagator
+    if op in prop.op_strategy_funcs or op in getattr(prop, "op_single_dim_strategy_funcs", {}):
+        return None
+
+    def strategy(op_schema: Any) -> Any:
+        return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema,
+                                               placements(op_schema.args_schema), input_index=input_index)
+
+    def clear_caches() -> None:  # the Python propagation cache and the C++ fast path's
+        prop.propagate_op_sharding.cache_clear()
+        clear_fast_path = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+        if clear_fast_path is not None:
+            clear_fast_path()
+
+    prop.op_strategy_funcs[op] = strategy
+    prop.op_to_schema_info[op] = RuntimeSchemaInfo(static_argnum)
+    clear_caches()
+
+    def undo() -> None:
+        if prop.op_strategy_funcs.get(op) is strategy:
+            del prop.op_strategy_funcs[op]
+            prop.op_to_schema_info.pop(op, None)
+        clear_caches()
+
+    return undo

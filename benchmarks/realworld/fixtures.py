@@ -15,7 +15,7 @@ import random
 import struct
 from pathlib import Path
 
-__all__ = ["tiny_sd", "caption_folder", "image_folder", "mnist_raw", "text_corpus", "nanogpt_chars"]
+__all__ = ["tiny_sd", "hf_cached_vae", "caption_folder", "image_folder", "mnist_raw", "text_corpus", "nanogpt_chars"]
 
 _WORDS = ["red", "blue", "green", "circle", "square", "small", "large", "a", "on", "white", "black", "triangle"]
 
@@ -71,6 +71,31 @@ def tiny_sd(folder: Path) -> Path:
     return folder
 
 
+def hf_cached_vae(hf_home: Path, repo_ids: tuple[str, ...], factor: int = 8) -> Path:
+    """A tiny random ``AutoencoderKL`` (downsampling FACTOR, 4 latent channels) placed in the Hugging Face
+    cache under HF_HOME as each REPO_ID's ``main`` snapshot, so ``from_pretrained(repo_id)`` finds it offline
+    (HF_HUB_OFFLINE=1): hub/models--ORG--NAME/snapshots/REV/ and refs/main naming REV."""
+    import torch
+    from diffusers import AutoencoderKL
+
+    levels = factor.bit_length()  # 8 -> 4 blocks -> 3 downsamplings
+    rev = "0" * 39 + "1"
+    for repo_id in repo_ids:
+        base = hf_home / "hub" / ("models--" + repo_id.replace("/", "--"))
+        snap = base / "snapshots" / rev
+        if (snap / "config.json").exists():
+            continue
+        torch.manual_seed(0)
+        vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8,) * levels,
+                            down_block_types=("DownEncoderBlock2D",) * levels,
+                            up_block_types=("UpDecoderBlock2D",) * levels, layers_per_block=1, norm_num_groups=4,
+                            sample_size=32)
+        vae.save_pretrained(snap)
+        (base / "refs").mkdir(parents=True, exist_ok=True)
+        (base / "refs" / "main").write_text(rev)
+    return hf_home
+
+
 def _image(rng: random.Random, size: int):
     from PIL import Image, ImageDraw
 
@@ -111,7 +136,9 @@ def mnist_raw(root: Path, train: int = 64, test: int = 32) -> Path:
     rng = random.Random(2)
     for prefix, n in (("train", train), ("t10k", test)):
         images = struct.pack(">IIII", 2051, n, 28, 28) + bytes(rng.randrange(256) for _ in range(n * 784))
-        labels = struct.pack(">II", 2049, n) + bytes(rng.randrange(10) for _ in range(n))
+        digits = [i % 10 for i in range(n)]  # every digit several times (siamese_network pairs within a class)
+        rng.shuffle(digits)
+        labels = struct.pack(">II", 2049, n) + bytes(digits)
         for name, data in ((f"{prefix}-images-idx3-ubyte", images), (f"{prefix}-labels-idx1-ubyte", labels)):
             (raw / name).write_bytes(data)
             with gzip.open(raw / f"{name}.gz", "wb") as fh:
@@ -134,7 +161,7 @@ def nanogpt_chars(folder: Path, n: int = 20000) -> Path:
 
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(4)
-    text = " ".join(rng.choices(_WORDS, k=n // 5))[:n]
+    text = "\n".join(" ".join(rng.choices(_WORDS, k=6)) for _ in range(n // 30))[:n]  # "\n": sample.py's start
     chars = sorted(set(text))
     stoi = {c: i for i, c in enumerate(chars)}
     ids = np.array([stoi[c] for c in text], dtype=np.uint16)

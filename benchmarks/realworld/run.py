@@ -4,7 +4,8 @@
                                        [--work DIR] [--json PATH] [--timeout S]
 
 Each CHECKOUT is a local git checkout of a public project (recognised by its files:
-diffusers, pytorch/examples, nanoGPT, minGPT, pytorch-image-models). Every case runs the
+diffusers, pytorch/examples, nanoGPT, minGPT, pytorch-image-models, DiT,
+denoising-diffusion-pytorch). Every case runs the
 project's own entry point with ``python -m torch_adapter run`` (or under ``accelerate
 launch`` / ``torchrun``), on tiny local data and tiny models built from configs
 (fixtures.py; HF_HUB_OFFLINE=1), and prints one ``ok``/``FAIL`` line; the run ends with
@@ -45,6 +46,8 @@ REPOS = {  # key -> a file that identifies the checkout
     "nanoGPT": "config/train_shakespeare_char.py",
     "minGPT": "projects/adder/adder.py",
     "timm": "timm/version.py",
+    "DiT": "diffusion/respace.py",
+    "ddpm": "denoising_diffusion_pytorch/denoising_diffusion_pytorch.py",
 }
 
 
@@ -56,7 +59,8 @@ class Case:
     check: Callable[[Path, str], str | None] = lambda work, out: None  # error text or None
     timeout: int = 900
     extra_path: bool = False  # the checkout itself on PYTHONPATH (timm)
-    env: dict = field(default_factory=dict)
+    with_repos: tuple = ()  # other checkouts the program imports, put on PYTHONPATH (DiT imports timm)
+    env: dict = field(default_factory=dict)  # extra environment; "{work}" in a value is the case folder
 
 
 # -- diffusers: examples/text_to_image/train_text_to_image.py -------------------------------------------------------
@@ -137,6 +141,27 @@ def _ddp_tutorial(repo: Path, work: Path):
     return [*RUN, *TORCHRUN2, script, "2", "1", "--batch_size", "64"], work  # launcher mode: torch-adapter run torchrun
 
 
+def _mnist_example(path: str, *args: str):
+    def build(repo: Path, work: Path):
+        fixtures.mnist_raw(work.parent / "data")  # the MNIST examples read ../data
+        (work / "results").mkdir(exist_ok=True)  # vae/main.py saves images to results/
+        return [*RUN, str(repo / path), *args], work
+    return build
+
+
+def _torchrun_example(path: str, *args: str, ranks: int = 2):
+    def build(repo: Path, work: Path):
+        launch = ["torchrun", "--standalone", "--nproc-per-node", str(ranks)]
+        return [*launch, "-m", "torch_adapter", "run", str(repo / path), *args], work
+    return build
+
+
+# -- denoising-diffusion-pytorch: the README's Trainer usage, written as a file (library usage) ------------------
+def _ddpm(repo: Path, work: Path):
+    data = fixtures.image_folder(work.parent / "_ddpm_images", classes=1, per_class=100, size=16, splits=("train",))
+    return [*RUN, str(HERE / "ddpm_readme.py"), str(data)], work
+
+
 # -- nanoGPT ---------------------------------------------------------------------------------------------------------
 def _nanogpt(ranks: int):
     def build(repo: Path, work: Path):
@@ -153,6 +178,20 @@ def _nanogpt(ranks: int):
             return [*RUN, script, *args], work
         return [*TORCHRUN2, "-m", "torch_adapter", "run", script, *args], work
     return build
+
+
+NANOGPT_TRAIN1 = "nanoGPT train.py float16 AMP + GradScaler"
+
+
+def _nanogpt_sample(repo: Path, work: Path):
+    train = work.parent / _slug(NANOGPT_TRAIN1)
+    if not (train / "out" / "ckpt.pt").exists():
+        raise RuntimeError(f"needs the checkpoint of the case {NANOGPT_TRAIN1!r} (run it first, same --work)")
+    for name, target in (("configurator.py", repo / "configurator.py"), ("data", train / "data")):
+        if not (work / name).exists():  # sample.py exec()s ./configurator.py and reads data/<dataset>/meta.pkl
+            (work / name).symlink_to(target)
+    return [*RUN, str(repo / "sample.py"), "--init_from=resume", f"--out_dir={train / 'out'}", "--device=cuda",
+            "--num_samples=2", "--max_new_tokens=24"], work  # dtype: its default (bfloat16 if is_bf16_supported)
 
 
 def _nanogpt_check(work: Path, out: str) -> str | None:
@@ -178,6 +217,43 @@ def _timm(amp: bool, ranks: int = 1):
             return [*RUN, script, *args], work
         return [*TORCHRUN2, "-m", "torch_adapter", "run", script, *args], work
     return build
+
+
+# -- facebookresearch/DiT -------------------------------------------------------------------------------------------
+DIT_VAES = ("stabilityai/sd-vae-ft-ema", "stabilityai/sd-vae-ft-mse")  # train.py's default --vae, sample.py's
+DIT_TRAIN1 = "DiT train.py torchrun 1 rank (asserts CUDA, nccl, from_pretrained VAE)"
+
+
+def _dit_train(ranks: int):
+    def build(repo: Path, work: Path):
+        fixtures.hf_cached_vae(work / "hf_home", DIT_VAES)
+        data = fixtures.image_folder(work.parent / "_dit_images", splits=("train",)) / "train"
+        args = ["--data-path", str(data), "--results-dir", str(work / "results"), "--model", "DiT-S/8",
+                "--image-size", "256", "--epochs", "1", "--global-batch-size", str(2 * ranks),
+                "--num-workers", str(ranks - 1), "--log-every", "1", "--ckpt-every", str(8 // (2 * ranks))]
+        launch = ["torchrun", "--standalone", "--nproc-per-node", str(ranks)]
+        return [*launch, "-m", "torch_adapter", "run", str(repo / "train.py"), *args], work
+    return build
+
+
+def _dit_ckpt(work: Path) -> Path | None:
+    found = sorted((work / "results").glob("*/checkpoints/*.pt"))
+    return found[-1] if found else None
+
+
+def _dit_check(work: Path, out: str) -> str | None:
+    if _dit_ckpt(work) is None:
+        return "no results/*/checkpoints/*.pt"
+    return None if "Done!" in out else "output lacks Done!"
+
+
+def _dit_sample(repo: Path, work: Path):
+    fixtures.hf_cached_vae(work / "hf_home", DIT_VAES)
+    ckpt = _dit_ckpt(work.parent / _slug(DIT_TRAIN1))
+    if ckpt is None:
+        raise RuntimeError(f"needs the checkpoint of the case {DIT_TRAIN1!r} (run it first, same --work)")
+    return [*RUN, str(repo / "sample.py"), "--model", "DiT-S/8", "--image-size", "256", "--num-sampling-steps", "2",
+            "--ckpt", str(ckpt)], work
 
 
 def _expect(pattern: str, path: str | None = None):
@@ -208,12 +284,50 @@ CASES = [
          _expect(r"End of training")),
     Case("pytorch/examples ddp-tutorial multigpu_torchrun: torch-adapter run torchrun 2 ranks", "examples",
          _ddp_tutorial, _expect(r"Training snapshot saved")),
-    Case("nanoGPT train.py float16 AMP + GradScaler", "nanoGPT", _nanogpt(1), _nanogpt_check),
+    Case("pytorch/examples mnist_hogwild --cuda (mp.Process children share a CUDA model)", "examples",
+         _mnist_example("mnist_hogwild/main.py", "--cuda", "--num-processes", "2", "--epochs", "1", "--batch-size",
+                        "16", "--test-batch-size", "16", "--log-interval", "1", "--dry-run"),
+         _expect(r"Test set: Average loss")),
+    Case("pytorch/examples vae/main.py (torch.accelerator)", "examples",
+         _mnist_example("vae/main.py", "--epochs", "1", "--batch-size", "16", "--log-interval", "1"),
+         _expect(r"(?s)Using device: cuda.*Test set loss", "results/sample_1.png")),
+    Case("pytorch/examples mnist_rnn --accel (LSTM)", "examples",
+         _mnist_example("mnist_rnn/main.py", "--accel", "--epochs", "1", "--batch-size", "16", "--test-batch-size",
+                        "16", "--log-interval", "1", "--dry-run"), _expect(r"Test set: Average loss")),
+    Case("pytorch/examples siamese_network (torch.accelerator)", "examples",
+         _mnist_example("siamese_network/main.py", "--epochs", "1", "--batch-size", "16", "--test-batch-size", "16",
+                        "--log-interval", "1", "--dry-run"), _expect(r"(?s)Using device: cuda.*Test set: Average loss")),
+    Case("pytorch/examples distributed/FSDP2 example.py: torchrun 2 ranks (fully_shard, meta init, DCP save)",
+         "examples", _torchrun_example("distributed/FSDP2/example.py"), _expect(r"Running on rank 1", "checkpoints")),
+    Case("pytorch/examples distributed/FSDP2 example.py --mixed-precision --explicit-prefetching", "examples",
+         _torchrun_example("distributed/FSDP2/example.py", "--mixed-precision", "--explicit-prefetching"),
+         _expect(r"Running on rank 1", "checkpoints")),
+    Case("pytorch/examples tensor_parallelism tensor_parallel_example.py: torchrun 2 ranks (DTensor)", "examples",
+         _torchrun_example("distributed/tensor_parallelism/tensor_parallel_example.py"),
+         _expect(r"Tensor Parallel training completed")),
+    Case("pytorch/examples tensor_parallelism sequence_parallel_example.py: torchrun 2 ranks", "examples",
+         _torchrun_example("distributed/tensor_parallelism/sequence_parallel_example.py"),
+         _expect(r"Sequence Parallel training completed")),
+    Case("pytorch/examples tensor_parallelism fsdp_tp_example.py: torchrun 4 ranks (2-D mesh FSDP + TP, Llama2)",
+         "examples", _torchrun_example("distributed/tensor_parallelism/fsdp_tp_example.py", ranks=4),
+         _expect(r"2D training successfully completed")),
+    Case(NANOGPT_TRAIN1, "nanoGPT", _nanogpt(1), _nanogpt_check),
     Case("nanoGPT train.py torchrun 2 ranks (DDP, nccl)", "nanoGPT", _nanogpt(2), _nanogpt_check),
+    Case("nanoGPT sample.py --init_from=resume (generation under autocast, default dtype)", "nanoGPT",
+         _nanogpt_sample, _expect(r"(?s)---------------.*---------------")),
+    Case("denoising-diffusion-pytorch README Trainer usage (accelerate fp16, flash_attn=True)", "ddpm", _ddpm,
+         _expect(r"training complete", "results/model-1.pt"), extra_path=True),
     Case("minGPT projects/adder", "minGPT", _mingpt, _expect(r"iter_dt .* iter 20"), extra_path=True),
     Case("timm train.py resnet18 --amp", "timm", _timm(True), _expect(r"Train: 0 .*100%", "out/e"),
          extra_path=True),
     Case("timm train.py resnet18 torchrun 2 ranks", "timm", _timm(False, 2), _expect(r"Train: 0"), extra_path=True),
+    Case(DIT_TRAIN1, "DiT", _dit_train(1), _dit_check, with_repos=("timm",),
+         env={"HF_HOME": "{work}/hf_home"}),
+    Case("DiT train.py torchrun 2 ranks (DDP, DataLoader worker, pin_memory)", "DiT", _dit_train(2), _dit_check,
+         with_repos=("timm",), env={"HF_HOME": "{work}/hf_home"}),
+    Case("DiT sample.py from the train case's checkpoint (inference, CFG)", "DiT", _dit_sample,
+         _expect(r"100%", "sample.png"), with_repos=("timm",),
+         env={"HF_HOME": "{work}/hf_home", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}),  # its checkpoint holds args
 ]
 
 
@@ -250,6 +364,11 @@ def _reason(text: str) -> str:
     return (lines[-1] if lines else "no output")[:300]
 
 
+def _slug(name: str) -> str:
+    """A case's folder name under --work."""
+    return re.sub(r"[^\w]+", "_", name)[:60]
+
+
 def detect(path: Path) -> str | None:
     for key, marker in REPOS.items():
         if (path / marker).is_file():
@@ -281,14 +400,22 @@ def main(argv: list[str] | None = None) -> int:
     for case in CASES:
         if case.repo not in repos or (args.only and not any(s in case.name for s in args.only)):
             continue
-        slug = re.sub(r"[^\w]+", "_", case.name)[:60]
+        missing = [r for r in case.with_repos if r not in repos]
+        if missing:
+            print(f"skip {case.name}: it imports {', '.join(missing)}: pass that checkout too")
+            continue
+        slug = _slug(case.name)
         cdir = work / slug
         shutil.rmtree(cdir, ignore_errors=True)
         cdir.mkdir(parents=True)
         t0 = time.time()
         try:
             cmd, cwd = case.build(repos[case.repo], cdir)
-            res = subprocess.run(cmd, cwd=cwd, env=_env(case.extra_path, repos[case.repo], work),
+            env = {**_env(case.extra_path, repos[case.repo], work),
+                   **{k: v.format(work=cdir) for k, v in case.env.items()}}
+            if case.with_repos:
+                env["PYTHONPATH"] = os.pathsep.join([*(str(repos[r]) for r in case.with_repos), env["PYTHONPATH"]])
+            res = subprocess.run(cmd, cwd=cwd, env=env,
                                  capture_output=True, text=True, timeout=args.timeout or case.timeout)
             out = res.stdout + "\n" + res.stderr
             error = (f"exit code {res.returncode}: {_reason(res.stderr)}" if res.returncode != 0

@@ -5,9 +5,11 @@
 - :mod:`.device_ordinal` ``torch.device(0)`` (a stand-in for the name while installed)
 - :mod:`.dataflow`     DataLoader pinning, ``nn.DataParallel`` on the host
 - :mod:`.cuda_ns`      the ``torch.cuda`` namespace answered for the target
+- :mod:`.accelerator`  ``torch.accelerator`` answered as ``torch.cuda`` on the CPU target (torch's own calls: the truth)
 - :mod:`.amp`          autocast / GradScaler / custom_fwd, profiler activities, SDPA backends
 - :mod:`.compiling`    ``torch.compile`` CUDA-graph modes → their no-graph equivalents
 - :mod:`.distributed`  "nccl" → the target's collective backend, DDP device ids
+- :mod:`.dtensor_rules` DTensor sharding strategies for host kernels CUDA has its own for (CPU attention)
 - :mod:`.env`          CUDA environment variables → the target's
 - :mod:`.probes`       third-party availability probes (flash-attn, xformers…) answered for the target
 - :mod:`.log`          the redirect log (call sites)
@@ -24,7 +26,7 @@ __all__ = ["apply_all"]
 
 
 def apply_all(session: Any) -> None:
-    from . import amp, compiling, cuda_ns, devices, distributed, env, probes
+    from . import accelerator, amp, compiling, cuda_ns, devices, distributed, dtensor_rules, env, probes
     from .log import remember
     from .._autoinstall import ENV_VAR, encode
 
@@ -33,9 +35,11 @@ def apply_all(session: Any) -> None:
     compiling.prepare(session)  # before any patch: torch._dynamo's tables of torch's functions
     devices.apply(session)
     cuda_ns.apply(session)
+    accelerator.apply(session)
     amp.apply(session)
     compiling.apply(session)
     distributed.apply(session)
+    dtensor_rules.apply(session)
     env.apply(session)
     probes.apply(session)
     if session.config.propagate:

@@ -82,6 +82,16 @@ def _unsupported(name: str, original: Any) -> Any:
     return fail
 
 
+def _cpu_device_count() -> int:
+    """The CPU target's CUDA device count: one, or under a launcher one per local rank
+    (``LOCAL_WORLD_SIZE``, set by torchrun / accelerate launch), since every CUDA index names the
+    CPU: a program that checks it has a device per rank (``device_count() >= world_size``) runs."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def _signature(fn: Any) -> inspect.Signature | None:
     """How ``fn`` is called (a class: its constructor), or None when it has no Python signature."""
     try:
@@ -114,7 +124,7 @@ class StandIn:
         ns["is_initialized"] = lambda: True
         ns["init"] = lambda: None
         ns["_lazy_init"] = lambda: None
-        ns["device_count"] = d("device_count", lambda: 1)
+        ns["device_count"] = d("device_count", _cpu_device_count)
 
         def current_device() -> int:
             return m.logical_index

@@ -46,7 +46,7 @@ TABLE: dict[str, tuple[str, str]] = {
     "current_device": (A, "the logical index last set (0)"),
     "set_device": (A, "records the logical index; all indices are the one CPU"),
     "device": (A, "context manager over the logical index"), "device_of": (A, "context manager"),
-    "device_count": (A, "1 on the CPU target; the target's count elsewhere"),
+    "device_count": (A, "1 on the CPU target (under a launcher: one per local rank, LOCAL_WORLD_SIZE); the target's count elsewhere"),
     "current_stream": (A, "the target's current stream"), "default_stream": (A, "the default stream"),
     "set_stream": (A, "sets the current stream"), "stream": (A, "context manager"),
     "synchronize": (A, "the target's synchronize (no-op on the CPU)"),
@@ -131,3 +131,6 @@ if __name__ == "__main__":  # python -m torch_adapter.redirect.cuda_table > docs
     print("signature): `tests/test_signatures.py` calls each one with all its parameters by keyword.")
     print("A test keeps this page in sync.\n")
     print(table_markdown())
+    from .accelerator import accelerator_markdown
+
+    print(accelerator_markdown(), end="")

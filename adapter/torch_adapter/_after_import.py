@@ -1,0 +1,66 @@
+"""Run a function once a module is loaded: now if it already is, else right after it first
+executes (a meta-path finder, removed when the session closes). The module itself is not
+changed; the function sees it complete."""
+
+from __future__ import annotations
+
+import importlib.abc
+import sys
+from typing import Any, Callable
+
+__all__ = ["after_import"]
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def __init__(self, name: str, fn: Callable[[Any], None]) -> None:
+        self.name, self.fn, self.live = name, fn, True
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name or not self.live:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Loader(spec.loader, self)
+                return spec
+        return None
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner: Any, finder: _Finder) -> None:
+        self._inner, self._finder = inner, finder
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def create_module(self, spec: Any) -> Any:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._inner.exec_module(module)
+        if module.__spec__ is not None and module.__spec__.loader is self:
+            module.__spec__.loader = self._inner
+        module.__loader__ = self._inner
+        if self._finder.live:
+            self._finder.live = False
+            self._finder.fn(module)
+
+
+def after_import(session: Any, name: str, fn: Callable[[Any], None]) -> None:
+    """``fn(module)`` once ``name`` is imported, within ``session`` (nothing after it closes)."""
+    module = sys.modules.get(name)
+    if module is not None:
+        fn(module)
+        return
+    finder = _Finder(name, fn)
+    sys.meta_path.insert(0, finder)
+
+    def close() -> None:
+        finder.live = False
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+
+    session.closers.append(close)

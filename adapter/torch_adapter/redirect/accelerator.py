@@ -1,0 +1,152 @@
+"""``torch.accelerator`` answered for the CPU target, to the program (torch itself keeps the truth).
+
+Device-agnostic programs ask ``torch.accelerator`` instead of ``torch.cuda``: pytorch/examples'
+FSDP2 and tensor-parallel scripts refuse to start without one ("Unable to locate sufficient
+2 gpus"), others call ``current_accelerator().type`` with no ``None`` check, and the rest
+quietly take a CPU path the adapter never sees. On a CPU-only torch the namespace says
+"none" while ``torch.cuda`` (answered by :mod:`.cuda_ns`) says "one CUDA device": the
+program gets two contradicting pictures of the machine.
+
+While the target is the CPU, the names below answer as ``torch.cuda`` does — the
+current accelerator is ``cuda``, its count, index, streams and memory figures are
+``torch.cuda``'s stand-ins — **for every caller outside torch**. torch's own modules consult
+``torch.accelerator`` to choose host or device code (the optimizer's fused defaults,
+``parallel_apply``, c10d's ``device_id`` check, ``torch.load``'s device restore): a call
+whose caller is a ``torch`` module gets torch's own function, so those paths see the real
+tensors' machine, exactly as without the adapter. On an accelerator target (npu, xpu,
+mps, cuda) ``torch.accelerator`` already names it, and nothing is patched.
+
+The patches are set on ``torch.accelerator`` and on the submodule that defines each name
+(``torch.accelerator.memory``), by import path; ``uninstall()`` restores both.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["ANSWERS", "apply", "accelerator_markdown"]
+
+# torch.accelerator name -> the torch.cuda name whose (stand-in) answer it gives; None: its own below
+ANSWERS: dict[str, str | None] = {
+    "is_available": "is_available",
+    "current_accelerator": None,
+    "device_count": "device_count",
+    "current_device_index": "current_device",
+    "current_device_idx": "current_device",
+    "set_device_index": "set_device",
+    "set_device_idx": "set_device",
+    "device_index": None,
+    "synchronize": "synchronize",
+    "current_stream": "current_stream",
+    "set_stream": "set_stream",
+    "empty_cache": "empty_cache",
+    "get_memory_info": "mem_get_info",
+    "memory_allocated": "memory_allocated",
+    "max_memory_allocated": "max_memory_allocated",
+    "memory_reserved": "memory_reserved",
+    "max_memory_reserved": "max_memory_reserved",
+    "memory_stats": "memory_stats",
+    "reset_peak_memory_stats": "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats": "reset_accumulated_memory_stats",
+}
+
+
+def accelerator_markdown() -> str:
+    """docs/cuda-namespace.md's ``torch.accelerator`` section (a test keeps it in sync)."""
+    lines = ["## `torch.accelerator` on the CPU target\n",
+             "Device-agnostic code asks `torch.accelerator`; on the CPU target the program gets the answers",
+             "`torch.cuda` gives (the current accelerator is `cuda`, one device per local rank under a launcher),",
+             "so it takes its accelerator path, which the adapter redirects. A call made by torch's own modules",
+             "(the optimizer, `parallel_apply`, c10d, `torch.load`) gets torch's answer, so torch's host/device",
+             "choices stay those of the real machine. On accelerator targets nothing is patched.\n",
+             "| name | answered as |", "|---|---|"]
+    for name, cuda_name in ANSWERS.items():
+        how = {"current_accelerator": "`torch.device(\"cuda\")`",
+               "device_index": "`torch.cuda.device(i)` (a context manager; `None`: no change)"}.get(name)
+        lines.append(f"| `torch.accelerator.{name}` | {how or f'`torch.cuda.{cuda_name}`'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _torch_caller(depth: int = 2) -> bool:
+    """Whether the frame ``depth`` up (the caller of a stand-in) is torch's own code."""
+    name = sys._getframe(depth).f_globals.get("__name__") or ""
+    return name == "torch" or name.startswith("torch.")
+
+
+def _stand_in(name: str, original: Callable[..., Any], answer: Callable[..., Any], log: Any) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def stand_in(*args: Any, **kwargs: Any) -> Any:
+        if _torch_caller():
+            return original(*args, **kwargs)
+        log.record("namespace", f"torch.accelerator.{name}", "torch.cuda's answer for the target", depth=3)
+        return answer(*args, **kwargs)
+
+    stand_in.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
+    stand_in.__torch_adapter_original__ = original  # type: ignore[attr-defined]
+    return stand_in
+
+
+def _via_cuda(cuda_name: str) -> Callable[..., Any]:
+    def answer(*args: Any, **kwargs: Any) -> Any:
+        return getattr(torch.cuda, cuda_name)(*args, **kwargs)  # looked up now: the session's stand-in
+    return answer
+
+
+def _current_accelerator(check_available: bool = False) -> Any:
+    return torch.device("cuda")
+
+
+def _device_index_class(original: type, log: Any) -> type:
+    """``with torch.accelerator.device_index(i):`` — torch.cuda.device's logical index for the program."""
+
+    class _Meta(type):
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, original)
+
+        def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+            if _torch_caller():
+                return original(*args, **kwargs)
+            log.record("namespace", "torch.accelerator.device_index", "torch.cuda.device (logical index)", depth=3)
+            return _DeviceIndex(*args, **kwargs)
+
+    class _DeviceIndex:
+        def __init__(self, device: int | None, /) -> None:
+            self.ctx = torch.cuda.device(device) if device is not None else None
+
+        def __enter__(self) -> None:
+            if self.ctx is not None:
+                self.ctx.__enter__()
+
+        def __exit__(self, *exc: Any) -> None:
+            if self.ctx is not None:
+                self.ctx.__exit__(*exc)
+
+    return _Meta("device_index", (), {"__module__": "torch.accelerator", "__doc__": original.__doc__,
+                                      "__torch_adapter_original__": original,
+                                      "__signature__": inspect.signature(original)})
+
+
+def apply(session: Any) -> None:
+    """Answer ``torch.accelerator`` for the CPU target (no-op on accelerator targets)."""
+    mapper = session.device_mapper
+    acc = sys.modules.get("torch.accelerator")
+    if not mapper.on_cpu or acc is None:
+        return
+    p, log = session.patcher, mapper.log
+    owners = [acc, *(m for m in (sys.modules.get("torch.accelerator.memory"),) if m is not None)]
+    for name, cuda_name in ANSWERS.items():
+        original = getattr(acc, name, None)
+        if original is None:
+            continue  # an older torch without this name
+        if name == "device_index":
+            value: Any = _device_index_class(original, log)
+        else:
+            value = _stand_in(name, original, _current_accelerator if cuda_name is None else _via_cuda(cuda_name), log)
+        for owner in owners:
+            if vars(owner).get(name) is original:
+                p.set(owner, name, value)
