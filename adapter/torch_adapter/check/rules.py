@@ -101,7 +101,8 @@ TORCH_RULES: tuple[dict, ...] = (
          alternative="Nothing to change.", docs=_CUDA_DOCS),
     dict(id="API002", title="torch.cuda.device_count()", severity="handled",
          match={"call": ["torch.cuda.device_count"]},
-         message="Answered for {target}: the number of {device_type} devices (1 on the CPU).",
+         message="Answered for {target}: the number of {device_type} devices (on the CPU: 1, or one "
+                 "per local rank under a launcher, LOCAL_WORLD_SIZE).",
          alternative="Nothing to change.", docs=_CUDA_DOCS),
     dict(id="API003", title="torch.cuda device selection and properties", severity="handled",
          match={"call": ["torch.cuda.set_device", "torch.cuda.current_device", "torch.cuda.device",
