@@ -102,7 +102,14 @@ def test_resume_for_one_more_step(two_steps, tmp_path):
     _final(res.stdout, 3)
     state = torch.load(resumed / "checkpoint-3.pt", map_location="cpu", weights_only=True)
     assert state["step"] == 3 and state["ema"]["optimization_step"] == 3
-    assert state["optimizer"]["state"][0]["step"].item() == 3  # AdamW moments carried over, not restarted
+    # AdamW's moments carried over, not restarted. Its step counts the updates GradScaler let
+    # through: float16 autocast (kept float16 on the CPU, as on CUDA) skips a step whose gradients
+    # overflowed and halves its scale, so count from the checkpoint the run resumed from.
+    before = torch.load(out / "checkpoint-2.pt", map_location="cpu", weights_only=True)
+    had = before["optimizer"]["state"][0]["step"].item()
+    skipped = state["scaler"]["scale"] < before["scaler"]["scale"]
+    assert had >= 1, "no update in the first two steps: the check below could not tell a restart"
+    assert state["optimizer"]["state"][0]["step"].item() == had + (0 if skipped else 1)
 
 
 def test_plain_python_without_gpu_says_so():

@@ -18,20 +18,23 @@ class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != self.name or not self.live:
             return None
+        # Every live finder for this name (nested sessions each have one) is served by the first
+        # one reached; the others are skipped here, or each would search through the other forever.
+        waiting = [f for f in sys.meta_path if isinstance(f, _Finder) and f.live and f.name == fullname]
         for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
+            if isinstance(finder, _Finder) or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader, self)
+                    spec.loader = _Loader(spec.loader, waiting)
                 return spec
         return None
 
 
 class _Loader(importlib.abc.Loader):
-    def __init__(self, inner: Any, finder: _Finder) -> None:
-        self._inner, self._finder = inner, finder
+    def __init__(self, inner: Any, finders: list[_Finder]) -> None:
+        self._inner, self._finders = inner, finders
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -44,9 +47,10 @@ class _Loader(importlib.abc.Loader):
         if module.__spec__ is not None and module.__spec__.loader is self:
             module.__spec__.loader = self._inner
         module.__loader__ = self._inner
-        if self._finder.live:
-            self._finder.live = False
-            self._finder.fn(module)
+        for finder in self._finders:
+            if finder.live:
+                finder.live = False
+                finder.fn(module)
 
 
 def after_import(session: Any, name: str, fn: Callable[[Any], None]) -> None:
