@@ -16,26 +16,11 @@ import pytest
 import torch
 
 import torch_adapter
-from torch_adapter.routing import observe
 from torch_adapter.routing.internal import active, internal
-from torch_adapter.routing.observe import OpObserver, is_op_key
+from torch_adapter.routing.observe import is_op_key
 from torch_adapter.routing.trace import trace
 
-needs_cpp = pytest.mark.skipif(not observe.is_compiled_available(),
-                               reason="no C++ compiler/ninja: the C++ observer cannot be built")
-BACKENDS = [pytest.param("cpp", marks=needs_cpp), "python"]
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    return request.param
-
-
-def observed(backend, fn):
-    with OpObserver(backend) as obs:
-        fn()
-    assert obs.result.backend == backend and obs.result.errors == []
-    return obs.result
+from _observers import backend, observed  # noqa: F401 - backend is a fixture
 
 
 def test_ops_inside_internal_are_not_counted_and_ops_around_it_are(backend):

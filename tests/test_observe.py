@@ -19,27 +19,9 @@ import torch
 
 from torch_adapter.errors import UsageError
 from torch_adapter.routing import observe
-from torch_adapter.routing.observe import ObserveResult, OpObserver, is_op_key
+from torch_adapter.routing.observe import OpObserver, is_op_key
 
-needs_cpp = pytest.mark.skipif(not observe.is_compiled_available(),
-                               reason="no C++ compiler/ninja: the C++ observer cannot be built")
-BACKENDS = [pytest.param("cpp", marks=needs_cpp), "python"]
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    return request.param
-
-
-def observed(backend: str, fn) -> ObserveResult:
-    obs = OpObserver(backend).start()
-    try:
-        fn()
-    finally:
-        result = obs.stop()
-    assert result.backend == backend and obs.backend == backend
-    assert result.errors == []
-    return result
+from _observers import backend, needs_cpp, observed  # noqa: F401 - backend is a fixture
 
 
 def test_counts_a_known_sequence_exactly(backend):

@@ -396,7 +396,7 @@ def no_dispatch_modes() -> Any:
 
 
 # --- torch._dynamo's tables of torch's functions ------------------------------------------
-__all__ += ["dynamo_tables_loaded", "dynamo_tables", "dynamo_tables_built", "build_dynamo_tables",
+__all__ += ["dynamo_tables_loaded", "dynamo_tables", "dynamo_tables_ready", "build_dynamo_tables",
             "forget_dynamo_tables"]
 
 _DYNAMO_CACHES = ("get_torch_obj_rule_map", "get_tensor_method")
@@ -429,9 +429,10 @@ def _built(table: Any) -> bool:
     return table.cache_info().currsize > 0 if hasattr(table, "cache_info") else table.function_ids is not None
 
 
-def dynamo_tables_built() -> list[bool]:
-    """Per table of :func:`dynamo_tables`, whether it is built ([] when dynamo is not imported)."""
-    return [_built(t) for t in dynamo_tables()] or [False]
+def dynamo_tables_ready() -> bool:
+    """Whether torch._dynamo is imported and every table of :func:`dynamo_tables` is built."""
+    tables = dynamo_tables()
+    return bool(tables) and all(_built(t) for t in tables)
 
 
 def build_dynamo_tables() -> bool:

@@ -47,7 +47,7 @@ def apply(session: Any) -> None:
 
     @functools.wraps(orig)
     def compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:  # noqa: A001 - torch's name
-        if not all(tp.dynamo_tables_built()):
+        if not tp.dynamo_tables_ready():
             import torch._dynamo  # noqa: F401 - what torch.compile imports; its tables are built below
 
             with p.suspended():  # torch's own functions for this moment (module docstring)

@@ -56,45 +56,19 @@ def _profiler_observing() -> bool:
 
 
 @contextlib.contextmanager
-def internal() -> Iterator[None]:
-    """Run the block as torch_adapter's own work: no observer of the adapter counts its ops."""
-    depth = getattr(_local, "depth", 0)
-    _local.depth = depth + 1
-    ext = _cpp_extension() if depth == 0 else None
-    handle = None
-    try:
-        if ext is not None:
-            ext.enter_internal()  # type: ignore[attr-defined]
-        if depth == 0 and _profiler_observing():
-            from .._torch_private import record_range_enter
-
-            handle = record_range_enter(MARKER)
-        yield
-    finally:
-        try:
-            if handle is not None:
-                from .._torch_private import record_range_exit
-
-                record_range_exit(handle)
-        finally:
-            if ext is not None:
-                ext.exit_internal()  # type: ignore[attr-defined]
-            _local.depth = depth
-
-
-@contextlib.contextmanager
-def redispatch() -> Iterator[None]:
-    """The block's first op call is a dispatch mode's re-dispatch of the op it handles
-    (``func(*args)`` in ``__torch_dispatch__``): observers do not count it again."""
+def _unobserved(marker: str, enter: str, leave: str) -> Iterator[None]:
+    """The block as both observers must see it: the C++ extension told through its ``enter`` /
+    ``leave`` calls, the profiler backend through a range named ``marker`` (opened only while
+    that backend runs)."""
     ext = _cpp_extension()
     handle = None
     try:
         if ext is not None:
-            ext.expect_redispatch()  # type: ignore[attr-defined]
+            getattr(ext, enter)()
         if _profiler_observing():
             from .._torch_private import record_range_enter
 
-            handle = record_range_enter(REDISPATCH)
+            handle = record_range_enter(marker)
         yield
     finally:
         try:
@@ -104,4 +78,25 @@ def redispatch() -> Iterator[None]:
                 record_range_exit(handle)
         finally:
             if ext is not None:
-                ext.clear_redispatch()  # type: ignore[attr-defined]
+                getattr(ext, leave)()
+
+
+@contextlib.contextmanager
+def internal() -> Iterator[None]:
+    """Run the block as torch_adapter's own work: no observer of the adapter counts its ops."""
+    depth = getattr(_local, "depth", 0)
+    _local.depth = depth + 1
+    try:
+        if depth:  # nested: the outermost block already told the observers
+            yield
+        else:
+            with _unobserved(MARKER, "enter_internal", "exit_internal"):
+                yield
+    finally:
+        _local.depth = depth
+
+
+def redispatch() -> contextlib.AbstractContextManager[None]:
+    """The block's first op call is a dispatch mode's re-dispatch of the op it handles
+    (``func(*args)`` in ``__torch_dispatch__``): observers do not count it again."""
+    return _unobserved(REDISPATCH, "expect_redispatch", "clear_redispatch")
