@@ -78,8 +78,11 @@ class AdapterSession:
                 self._attach_routing()
             apply_tools(self, None)
             self._apply_optimizations(None)
-        except BaseException:
-            self._close()
+        except BaseException as exc:
+            try:
+                self._close()
+            except BaseException as undo:  # the install error stays the one raised; the undo's is noted
+                exc.add_note(f"torch_adapter: undoing the failed install also failed: {undo}")
             raise
         self.active = True
 
@@ -106,8 +109,14 @@ class AdapterSession:
             except BaseException as exc:  # keep suspending; report after
                 errors.append(exc)
         if self.routing is not None:
-            self.routing.detach()
-        self.patcher.restore()
+            try:
+                self.routing.detach()
+            except BaseException as exc:
+                errors.append(exc)
+        try:
+            self.patcher.restore()  # all or nothing: every patch and hook comes off, then one error
+        except BaseException as exc:
+            errors.append(exc)
         self.active, self.suspended = False, True
         if errors:
             raise errors[0]
@@ -143,7 +152,10 @@ class AdapterSession:
                 closer()
             except BaseException as exc:
                 errors.append(exc)
-        self.patcher.restore()
+        try:
+            self.patcher.restore()  # all or nothing (Patcher.restore)
+        except BaseException as exc:
+            errors.append(exc)
         self.active = self.suspended = False
         self.closed = True
         if errors:
