@@ -211,3 +211,25 @@ def test_a_failing_undo_of_a_failed_install_keeps_the_install_error(monkeypatch)
     assert any("undo broke" in note for note in getattr(info.value, "__notes__", []))
     assert torch_adapter.session.current() is None
     assert torch.cuda.is_available() is False  # every patch of the failed install came off
+
+
+def test_configure_is_atomic_when_applying_fails(monkeypatch):
+    """configure() stored the new config before applying it: a failure half-applied it."""
+    from torch_adapter import optimizing
+
+    session = torch_adapter.install(target="cpu")
+    assert session.routing is None
+    before = session.config
+
+    def broken(session_, old):
+        raise RuntimeError("optimization layer broke")
+
+    monkeypatch.setattr(optimizing, "apply", broken)
+    with pytest.raises(RuntimeError, match="optimization layer broke"):
+        torch_adapter.configure(fallback="error", debug_mode=True)
+    assert session.config is before and session.config.fallback == "allow"
+    assert session.routing is None, "the routing engine attached for the failed settings stayed"
+    monkeypatch.undo()
+    assert torch.heaviside(torch.zeros(2), torch.ones(())).tolist() == [1.0, 1.0]
+    torch_adapter.configure(fallback="warn")
+    assert session.config.fallback == "warn"
