@@ -95,10 +95,14 @@ class GraphRewriter:
             self.function(obj)
         self.functions(tp.jit_global_functions())
 
-    def functions(self, fns: Iterable[Any]) -> None:
+    def functions(self, fns: Iterable[Any], *, global_unit: bool = True) -> None:
+        """Pass over ``fns``; those of the global compilation unit once each (names are unique
+        there, not across units: an archive's ``__torch__.f`` is another function)."""
         for fn in fns:
             name = fn.qualified_name
-            if name not in self._seen:
+            if not global_unit:
+                self.function(fn)
+            elif name not in self._seen:
                 self._seen.add(name)
                 self.function(fn)
 
@@ -189,7 +193,7 @@ def _patch_load(p: Any, rewriter: GraphRewriter) -> None:
             @functools.wraps(orig)
             def importer(cu: Any, *args: Any, **kwargs: Any) -> Any:
                 module = orig(cu, *args, **kwargs)
-                rewriter.functions(cu.get_functions())
+                rewriter.functions(cu.get_functions(), global_unit=False)
                 return module
 
             return importer
