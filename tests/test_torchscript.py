@@ -104,7 +104,7 @@ def test_a_scripted_module_naming_cuda_inside_runs_on_the_target(tmp_path, scrip
 @pytest.mark.parametrize("imported", ["before-install", "during-install"])
 def test_zero_redundancy_and_a_functional_optimizer_import_and_step(tmp_path, imported):
     got = _run(tmp_path, f"""
-        import socket
+        import os
         import torch.distributed as dist
         if {imported == "before-install"!r}:
             from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -113,10 +113,8 @@ def test_zero_redundancy_and_a_functional_optimizer_import_and_step(tmp_path, im
         from torch.distributed.optim import ZeroRedundancyOptimizer
         from torch.distributed.optim.functional_sgd import _FunctionalSGD
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{{port}}", rank=0, world_size=1)
+        store = os.path.abspath("rendezvous")  # a file, not a port: no race with other processes
+        dist.init_process_group("nccl", init_method=f"file://{{store}}", rank=0, world_size=1)
         model = torch.nn.Linear(3, 1).cuda()
         zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.5)
         model(torch.ones(2, 3, device="cuda")).sum().backward()
