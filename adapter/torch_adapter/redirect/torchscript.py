@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import sys
 from typing import Any, Iterable
 
 import torch
@@ -181,6 +182,7 @@ def _patch_compilers(p: Any, table: dict[int, str], rewriter: GraphRewriter) -> 
         return out
 
     p.set(torch.jit, "script", script)
+    p.set(sys.modules["torch.jit._trace"], "script", script)  # script_if_tracing compiles through it
     p.set(torch.jit, "trace", trace)
 
 
@@ -191,9 +193,11 @@ def _patch_load(p: Any, rewriter: GraphRewriter) -> None:
     for name in names:  # what jit.load calls with the archive's own compilation unit
         def make(orig: Any) -> Any:
             @functools.wraps(orig)
-            def importer(cu: Any, *args: Any, **kwargs: Any) -> Any:
-                module = orig(cu, *args, **kwargs)
-                rewriter.functions(cu.get_functions(), global_unit=False)
+            def importer(*args: Any, **kwargs: Any) -> Any:  # (cu, file or bytes, map_location, ...)
+                module = orig(*args, **kwargs)
+                cu = args[0] if args else kwargs.get("cu")
+                if hasattr(cu, "get_functions"):
+                    rewriter.functions(cu.get_functions(), global_unit=False)
                 return module
 
             return importer
