@@ -112,6 +112,11 @@ class Patcher:
         """The objects patched in, as they are now."""
         return [getattr(owner, name, MISSING) for owner, name, _had, _orig in self._saved.values()]
 
+    def originals(self) -> list[tuple[Any, Any]]:
+        """``(object patched in now, the original)`` for every patched attribute: for tables
+        torch keys by its objects' identity (``redirect/torchscript.py``)."""
+        return [(getattr(owner, name, MISSING), orig) for owner, name, _had, orig in self._saved.values()]
+
     def restore(self) -> None:
         """Undo every patch, newest first; the environment as it was; then the
         :meth:`after_restore` callbacks. All or nothing: a callback or an attribute that fails
