@@ -1,19 +1,23 @@
 """Run a function once a module is loaded: now if it already is, else right after it first
 executes (a meta-path finder, removed when the session closes). The module itself is not
-changed; the function sees it complete."""
+changed; the function sees it complete. ``around`` (a context manager factory) is entered
+around the module's first execution and the function, for a module that builds tables from
+torch's attributes as it executes (redirect/compiling.py: torch._dynamo)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 __all__ = ["after_import"]
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    def __init__(self, name: str, fn: Callable[[Any], None]) -> None:
-        self.name, self.fn, self.live = name, fn, True
+    def __init__(self, name: str, fn: Callable[[Any], None],
+                 around: Callable[[], ContextManager[Any]] | None = None) -> None:
+        self.name, self.fn, self.live, self.around = name, fn, True, around
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != self.name or not self.live:
@@ -43,23 +47,30 @@ class _Loader(importlib.abc.Loader):
         return self._inner.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
-        self._inner.exec_module(module)
-        if module.__spec__ is not None and module.__spec__.loader is self:
-            module.__spec__.loader = self._inner
-        module.__loader__ = self._inner
-        for finder in self._finders:
-            if finder.live:
-                finder.live = False
-                finder.fn(module)
+        with contextlib.ExitStack() as stack:
+            for finder in self._finders:
+                if finder.live and finder.around is not None:
+                    stack.enter_context(finder.around())
+            self._inner.exec_module(module)
+            if module.__spec__ is not None and module.__spec__.loader is self:
+                module.__spec__.loader = self._inner
+            module.__loader__ = self._inner
+            for finder in self._finders:
+                if finder.live:
+                    finder.live = False
+                    finder.fn(module)
 
 
-def after_import(session: Any, name: str, fn: Callable[[Any], None]) -> None:
-    """``fn(module)`` once ``name`` is imported, within ``session`` (nothing after it closes)."""
+def after_import(session: Any, name: str, fn: Callable[[Any], None],
+                 around: Callable[[], ContextManager[Any]] | None = None) -> None:
+    """``fn(module)`` once ``name`` is imported, within ``session`` (nothing after it closes);
+    ``around()`` entered around the import and ``fn`` (when already imported: around ``fn``)."""
     module = sys.modules.get(name)
     if module is not None:
-        fn(module)
+        with around() if around is not None else contextlib.nullcontext():
+            fn(module)
         return
-    finder = _Finder(name, fn)
+    finder = _Finder(name, fn, around)
     sys.meta_path.insert(0, finder)
 
     def close() -> None:
