@@ -88,7 +88,12 @@ def accelerator_markdown() -> str:
              "`torch.cuda` gives (the current accelerator is `cuda`, one device per local rank under a launcher),",
              "so it takes its accelerator path, which the adapter redirects. A call made by torch's own modules",
              "(the optimizer, `parallel_apply`, c10d, `torch.load`) gets torch's answer, so torch's host/device",
-             "choices stay those of the real machine. On accelerator targets nothing is patched.\n",
+             "choices stay those of the real machine. The caller is the nearest frame past pass-through ones:",
+             "torch's decorator wrappers (`torch.no_grad()(fn)`, `torch.inference_mode()(fn)`,",
+             "`torch.compiler.disable(fn)`) and `functools`/`contextlib`/`threading` carry the call of whoever",
+             "made it; no frame at all (an `atexit` callback) is the program. In code `torch.compile` traces",
+             "the answer is the compiled program's, a constant in the graph (no graph break). On accelerator",
+             "targets nothing is patched.\n",
              "| name | answered as |", "|---|---|"]
     for name, cuda_name in ANSWERS.items():
         how = {"current_accelerator": "`torch.device(\"cuda\")`",
