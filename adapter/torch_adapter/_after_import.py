@@ -7,22 +7,28 @@ when the session is *suspended* or closed, and put back (exactly one) when a res
 applies its patches again. So a suspended session's hooks never fire, and nested sessions
 never stack finders. The module itself is not changed; the function sees it complete.
 
-Used by :mod:`.redirect.probes` (third-party probes patched in modules imported later) and
-:mod:`.redirect.dtensor_rules` (rules registered once DTensor loads).
+``around`` (a context manager factory) is entered around the module's first execution and the
+function, for a module that builds tables from torch's attributes as it executes
+(:mod:`.redirect.compiling`: torch._dynamo, imported with the patches suspended).
+
+Used by :mod:`.redirect.probes` (third-party probes patched in modules imported later),
+:mod:`.redirect.dtensor_rules` (rules registered once DTensor loads) and :mod:`.redirect.compiling`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 __all__ = ["after_import", "finders"]
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    def __init__(self, name: str, fn: Callable[[Any], None]) -> None:
-        self.name, self.fn, self.live = name, fn, True
+    def __init__(self, name: str, fn: Callable[[Any], None],
+                 around: Callable[[], ContextManager[Any]] | None = None) -> None:
+        self.name, self.fn, self.live, self.around = name, fn, True, around
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != self.name or not self.live:
@@ -52,26 +58,33 @@ class _Loader(importlib.abc.Loader):
         return self._inner.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
-        self._inner.exec_module(module)
-        if module.__spec__ is not None and module.__spec__.loader is self:
-            module.__spec__.loader = self._inner  # reloads after uninstall use the plain loader
-        module.__loader__ = self._inner
-        for finder in self._finders:
-            if finder.live:
-                finder.live = False
-                if finder in sys.meta_path:  # served: nothing left to wait for
-                    sys.meta_path.remove(finder)
-                finder.fn(module)
+        with contextlib.ExitStack() as stack:
+            for finder in self._finders:
+                if finder.live and finder.around is not None:
+                    stack.enter_context(finder.around())
+            self._inner.exec_module(module)
+            if module.__spec__ is not None and module.__spec__.loader is self:
+                module.__spec__.loader = self._inner  # reloads after uninstall use the plain loader
+            module.__loader__ = self._inner
+            for finder in self._finders:
+                if finder.live:
+                    finder.live = False
+                    if finder in sys.meta_path:  # served: nothing left to wait for
+                        sys.meta_path.remove(finder)
+                    finder.fn(module)
 
 
-def after_import(patcher: Any, name: str, fn: Callable[[Any], None]) -> None:
+def after_import(patcher: Any, name: str, fn: Callable[[Any], None],
+                 around: Callable[[], ContextManager[Any]] | None = None) -> None:
     """``fn(module)`` once ``name`` is imported, while ``patcher``'s patches are in force
-    (nothing after it restores: suspend or close)."""
+    (nothing after it restores: suspend or close); ``around()`` entered around the import and
+    ``fn`` (when already imported: around ``fn``)."""
     module = sys.modules.get(name)
     if module is not None:
-        fn(module)
+        with around() if around is not None else contextlib.nullcontext():
+            fn(module)
         return
-    finder = _Finder(name, fn)
+    finder = _Finder(name, fn, around)
     sys.meta_path.insert(0, finder)
 
     def remove() -> None:

@@ -399,7 +399,49 @@ def no_dispatch_modes() -> Any:
 __all__ += ["dynamo_tables_loaded", "dynamo_tables", "dynamo_tables_ready", "build_dynamo_tables",
             "forget_dynamo_tables"]
 
-_DYNAMO_CACHES = ("get_torch_obj_rule_map", "get_tensor_method")
+# The caches dynamo builds at its first use of them (after its import) by looking torch's objects
+# up by name: (module, attribute path). Each is a zero-argument functools cache.
+_DYNAMO_CACHES = (
+    ("torch._dynamo.trace_rules", "get_torch_obj_rule_map"),  # torch function -> how it is traced
+    ("torch._dynamo.trace_rules", "get_tensor_method"),  # Tensor methods
+    ("torch._dynamo.variables.torch", "get_overridable_functions"),  # torch.overrides' functions
+    ("torch._dynamo.variables.torch", "tracing_state_functions"),
+    ("torch._dynamo.variables.torch", "TorchInGraphFunctionVariable._get_handlers"),  # per-function handlers
+    ("torch._dynamo.variables.user_defined", "UserDefinedClassVariable._constant_fold_classes"),  # torch.device
+    ("torch._dynamo.variables.user_defined", "UserDefinedClassVariable._in_graph_classes"),
+)
+
+
+class _Table:
+    """One of dynamo's lazily built tables, behind one protocol: built? build, content, forget."""
+
+    def __init__(self, obj: Any, kind: str, module: Any = None) -> None:
+        self.obj, self.kind, self.module = obj, kind, module
+
+    def built(self) -> bool:
+        if self.kind == "cache":
+            return self.obj.cache_info().currsize > 0
+        if self.kind == "ids":
+            return self.obj.function_ids is not None
+        return getattr(self.module, "_CLOSURE_VARS", None) is not None
+
+    def build(self) -> None:
+        self.obj()
+
+    def content_ids(self) -> set[int]:
+        if self.kind == "ids":
+            return set(self.obj.function_ids)
+        content = self.obj() if self.kind == "cache" else self.module._CLOSURE_VARS
+        items = list(content.items()) if isinstance(content, dict) else [(k, None) for k in content]
+        return {id(x) for kv in items for x in kv}
+
+    def forget(self) -> None:
+        if self.kind == "cache":
+            self.obj.cache_clear()
+        elif self.kind == "ids":
+            self.obj.function_ids, self.obj.function_names = None, None
+        else:
+            self.module._CLOSURE_VARS = None
 
 
 def dynamo_tables_loaded() -> bool:
@@ -409,38 +451,46 @@ def dynamo_tables_loaded() -> bool:
     return "torch._dynamo.trace_rules" in sys.modules
 
 
-def dynamo_tables() -> list[Any]:
-    """torch._dynamo.trace_rules' tables built once, at their first use, by looking torch's
-    functions up by name (``torch.arange`` → the object of that moment): its rule map of torch
-    functions, its set of Tensor methods and its ``FunctionIdSet`` id sets (allowed, disallowed,
-    builtin, ... callables). A table built while a wrapper stands in for ``torch.arange`` holds the
-    wrapper, not torch's function; dynamo then refuses to trace the real one ("marked as
-    skipped": a graph break at every factory call of compiled code, also after uninstall)."""
+def dynamo_tables() -> list[_Table]:
+    """The tables torch._dynamo builds once, at their first use, by looking torch's objects up by
+    name (``torch.arange`` → the object of that moment): trace_rules' rule map of torch functions,
+    its set of Tensor methods and its ``FunctionIdSet`` id sets, the handler and constant-fold
+    tables of its torch-function and class variables (``torch.device``), its guards' globals. A
+    table built while a wrapper stands in for ``torch.arange`` holds the wrapper, not torch's
+    function; dynamo then refuses to trace the real one ("marked as skipped": a graph break at
+    every factory call of compiled code, also after uninstall). Tables of another torch: skipped."""
+    import sys
+
     if not dynamo_tables_loaded():
         return []
     import torch._dynamo.trace_rules as tr
 
-    tables: list[Any] = [getattr(tr, n) for n in _DYNAMO_CACHES if hasattr(getattr(tr, n, None), "cache_clear")]
-    tables += [v for v in vars(tr).values() if isinstance(v, tr.FunctionIdSet)]
+    tables: list[_Table] = []
+    for module_name, path in _DYNAMO_CACHES:
+        obj: Any = sys.modules.get(module_name)
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+        if obj is not None and hasattr(obj, "cache_clear"):
+            tables.append(_Table(obj, "cache"))
+    tables += [_Table(v, "ids") for v in vars(tr).values() if isinstance(v, tr.FunctionIdSet)]
+    guards = sys.modules.get("torch._dynamo.guards")
+    if guards is not None and hasattr(guards, "_get_closure_vars") and hasattr(guards, "_CLOSURE_VARS"):
+        tables.append(_Table(guards._get_closure_vars, "global", guards))  # ``device`` in guard code
     return tables
-
-
-def _built(table: Any) -> bool:
-    return table.cache_info().currsize > 0 if hasattr(table, "cache_info") else table.function_ids is not None
 
 
 def dynamo_tables_ready() -> bool:
     """Whether torch._dynamo is imported and every table of :func:`dynamo_tables` is built."""
     tables = dynamo_tables()
-    return bool(tables) and all(_built(t) for t in tables)
+    return bool(tables) and all(t.built() for t in tables)
 
 
 def build_dynamo_tables() -> bool:
     """Build every table not built yet, from the attributes of this moment; True if any was built."""
     built = False
     for table in dynamo_tables():
-        if not _built(table):
-            table()
+        if not table.built():
+            table.build()
             built = True
     return built
 
@@ -449,15 +499,8 @@ def forget_dynamo_tables(holding: set[int]) -> None:
     """Forget the built tables that hold one of the object ids in ``holding`` (they are rebuilt
     at their next use from the attributes of then)."""
     for table in dynamo_tables():
-        if not _built(table):
-            continue
-        if hasattr(table, "cache_clear"):
-            content = table()
-            ids = {id(k) for k in content}
-            if ids & holding:
-                table.cache_clear()
-        elif table.function_ids & holding:
-            table.function_ids, table.function_names = None, None
+        if table.built() and table.content_ids() & holding:
+            table.forget()
 
 
 # --- nn.Module's global forward pre-hooks under a stable key (optimizing.py) ----------------
