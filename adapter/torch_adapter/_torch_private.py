@@ -522,3 +522,52 @@ def dtensor_register_strategy(op: Any, placements: Any, input_index: int, static
         clear_caches()
 
     return undo
+
+
+# --- CUDA graph emulation (torch_adapter.redirect.cuda_graphs) -----------------------------
+__all__ += ["function_mode_base", "mutated_tensors", "below_autograd_and_autocast"]
+
+
+def function_mode_base() -> type:
+    """``torch.overrides.TorchFunctionMode`` (public, but listed here beside its dispatch twin)."""
+    from torch.overrides import TorchFunctionMode
+
+    return TorchFunctionMode
+
+
+def mutated_tensors(op: Any, args: tuple, kwargs: dict) -> list[Any]:
+    """The tensors ``op`` writes to (its schema's ``Tensor(a!)`` arguments, lists included)."""
+    import torch
+
+    schema = op._schema
+    if not schema.is_mutable:
+        return []
+    out: list[Any] = []
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        out.extend(v for v in values if isinstance(v, torch.Tensor))
+    return out
+
+
+def below_autograd_and_autocast(device_types: tuple[str, ...]) -> Any:
+    """A context manager that runs aten ops as a TorchDispatchMode's ``func(*args)`` runs them:
+    below autograd and ADInplaceOrView (no graph recorded, no version bump, as a kernel replayed
+    by a CUDA graph) and below the autocast keys of ``device_types`` (the recorded ops are the
+    casts autocast already chose)."""
+    import contextlib
+
+    import torch
+
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+    for device_type in device_types:
+        try:
+            keys = keys | DispatchKeySet(autocast_key(device_type))
+        except (AttributeError, RuntimeError):
+            pass
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch._C._AutoDispatchBelowADInplaceOrView())
+    stack.enter_context(torch._C._ExcludeDispatchKeyGuard(keys))
+    return stack
