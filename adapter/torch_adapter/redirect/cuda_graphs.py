@@ -37,6 +37,49 @@ from torch.utils import _pytree as pytree
 from .. import _torch_private as _tp
 from ..errors import AdapterError, UnsupportedCudaFeature, format_error
 
+DOC_MARKDOWN = """
+## CUDA graphs
+
+On a target without CUDA graphs, `torch.cuda.CUDAGraph`, `torch.cuda.graph(g, pool=, stream=,
+capture_error_mode=)`, `g.replay()`, `g.reset()`, `g.pool()`, `torch.cuda.graph_pool_handle()` and
+`torch.cuda.make_graphed_callables` (torch's own function, building its graphs from the two
+above) keep CUDA's static-buffer semantics by emulation (`redirect/cuda_graphs.py`):
+
+- **capture** runs each aten op on the capturing thread under a TorchDispatchMode and records it
+  with its tensors by identity. Ops that write to an argument or return a tensor with its own
+  storage are kept; views share their base's storage and need no replay. Tensors that existed
+  before the capture and that it wrote to (parameters, optimizer state, running statistics) get
+  their contents back at the capture's end: CUDA does not run captured work, so the first
+  `replay()` is the first step, as on CUDA.
+- **replay** re-runs the kept ops in order, below autograd and autocast, on the same tensor
+  objects: in-place ops write their arguments again, fresh results are copied into the tensors
+  of the capture. Static outputs, `.grad` tensors made in the capture and optimizer state update
+  in place, so the classic pattern (fill the static input with `copy_`, `replay()`, read the
+  static output), whole-network capture (forward, backward and `optimizer.step()` in one graph)
+  and `make_graphed_callables` train exactly as eager torch (tests/test_cuda_graphs.py compares
+  bit for bit). Random ops draw new numbers on every replay, as CUDA graphs advance the Philox
+  offset. Capturable optimizers (`Adam(capturable=True)` & co.) accept the target's device.
+- **refused**, with `torch.AcceleratorError` (CUDA's class for "operation not permitted when
+  stream is capturing"; the adapter's `GraphCaptureError` subclasses it) naming the call, the
+  target and the fix: a host synchronisation inside the capture (`.item()`, `bool(t)`, `.cpu()`,
+  `.tolist()`, `.numpy()`, printing a tensor, `torch.cuda.synchronize()`, `Stream/Event.synchronize()`)
+  and ops whose output depends on the data (torch's `data_dependent_output` and
+  `dynamic_output_shape` tags: `nonzero`, `unique`, `masked_select`, ...). The failed graph
+  refuses `replay()`. `raw_cuda_graph()`/`raw_cuda_graph_exec()`/`get_graph_data()` raise
+  `UnsupportedCudaFeature` (there are no CUDA handles).
+- **reported**: each capture (ops recorded) and each replay is a row of the redirect log, kind
+  `graph`, at the user's line (`torch-adapter run --report` prints it); the replayed ops are
+  routed and counted like any other.
+- **what it is not**: no launch overhead is saved (replay is a Python loop over the recorded
+  ops, as fast as eager). Python side effects inside the capture run once, at capture, as on
+  CUDA. Work on other threads is not captured (`capture_error_mode` is accepted and checked).
+- **targets with their own graphs**: where `torch.<target>` has a graph class of CUDA's shape
+  (`torch.xpu.XPUGraph`, torch_npu's `torch.npu.NPUGraph`, with `graph` and
+  `graph_pool_handle`), the stand-in is that API and nothing is emulated. (`torch.accelerator.Graph`,
+  new in torch 2.13, takes its pool at construction, not at `capture_begin`, so it is not a
+  drop-in `CUDAGraph`.)
+"""
+
 __all__ = ["GraphCaptureError", "CUDAGraph", "graph", "graph_pool_handle", "capturing", "check_not_capturing"]
 
 

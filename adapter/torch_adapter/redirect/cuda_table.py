@@ -132,5 +132,8 @@ if __name__ == "__main__":  # python -m torch_adapter.redirect.cuda_table > docs
     print("A test keeps this page in sync.\n")
     print(table_markdown())
     from .accelerator import accelerator_markdown
+    from .cuda_graphs import DOC_MARKDOWN
+
+    print(DOC_MARKDOWN)
 
     print(accelerator_markdown(), end="")
