@@ -571,3 +571,32 @@ def below_autograd_and_autocast(device_types: tuple[str, ...]) -> Any:
     stack.enter_context(torch._C._AutoDispatchBelowADInplaceOrView())
     stack.enter_context(torch._C._ExcludeDispatchKeyGuard(keys))
     return stack
+
+
+# --- "cuda"-keyed custom ops (torch_adapter.redirect.custom_ops) ---------------------------
+__all__ += ["python_kernel", "has_computed_kernel_for_key"]
+
+
+def python_kernel(name: str, key: str) -> Any:
+    """The kernel registered from Python for ``name`` at ``key`` (``torch.library``:
+    custom_op, ``Library.impl``), or None (none, or a C++ kernel: its ``debug`` text names the
+    ``.cpp``/``.cu`` file that registered it, a Python one the ``.py`` file or ``<stdin>``)."""
+    import re
+
+    import torch
+
+    if not has_kernel_for_key(name, key):
+        return None
+    kernel = torch.library.get_kernel(name, key)
+    debug = repr(kernel)
+    return None if re.search(r"\.(cpp|cu|cc|h|mm)(:\d+)?'", debug) else kernel
+
+
+def has_computed_kernel_for_key(name: str, key: str) -> bool:
+    """Would the dispatcher find a kernel for ``name`` at ``key`` (its own, or a composite one)?"""
+    import torch
+
+    try:
+        return bool(torch._C._dispatch_has_computed_kernel_for_dispatch_key(name, key))
+    except RuntimeError:
+        return False
