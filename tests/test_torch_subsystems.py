@@ -169,10 +169,13 @@ def run(phase, dev):
     class M(torch.nn.Module):
         def forward(self, x):
             return x + torch.ones(3, device=torch.device(dev)) + torch.arange(3, device=dev)
-    torch.onnx.export(M(), (torch.zeros(3),), out(f"m_{phase}.onnx"))
+    torch.onnx.export(M(), (torch.zeros(3),), out(f"m_{phase}.onnx"), optimize=False, verbose=False)
     model = onnx.load(out(f"m_{phase}.onnx"))
     onnx.checker.check_model(model)
-    assert [n.op_type for n in model.graph.node] == ["Add", "Add"], model.graph.node
+    from onnx.reference import ReferenceEvaluator   # onnx's own interpreter runs the exported graph
+    import numpy as np
+    (y,) = ReferenceEvaluator(model).run(None, {model.graph.input[0].name: np.zeros(3, dtype=np.float32)})
+    assert y.tolist() == [1.0, 2.0, 3.0], y
 phases(run)
 '''
 
@@ -201,8 +204,9 @@ def run(phase, dev):
     for p in ("before", "during", "after"):
         if os.path.exists(out(f"p_{p}.pt")):
             m = PackageImporter(out(f"p_{p}.pt")).load_pickle("m", "model.pkl")
-            assert m(torch.ones(3)).tolist() == [3.0, 3.0, 3.0], p
             assert m.dev.type == ("cuda" if p == "during" else "cpu") and isinstance(m.dev, torch.device)
+            if p != "during" or phase == "during":  # a model made in the session is a CUDA model
+                assert m(torch.ones(3)).tolist() == [3.0, 3.0, 3.0], p
 phases(run)
 '''
 PACKAGE_PLAIN = '''
