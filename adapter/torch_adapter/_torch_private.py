@@ -62,6 +62,17 @@ def attribute_caches() -> list[Any]:
     return [c for c in caches if hasattr(c, "cache_clear") and hasattr(c, "cache_info")]
 
 
+__all__ += ["torch_function_mode_check"]
+
+
+def torch_function_mode_check() -> Any:
+    """``torch._C._is_torch_function_mode_enabled`` (the C function itself: the factory wrappers
+    call it on every call, so no Python frame in between): is a TorchFunctionMode active?"""
+    import torch
+
+    return torch._C._is_torch_function_mode_enabled
+
+
 # --- routing ------------------------------------------------------------------------
 # The routing engine (torch_adapter.routing) reads the dispatcher, the decomposition table
 # and registers Python kernels below autograd. torch >= 2.9 has everything used here

@@ -111,6 +111,14 @@ class Patcher:
         torch's (the patched values): for caches that may have picked them up."""
         self._before.append(fn)
 
+    def patches(self) -> list[tuple[Any, str, Any, Any]]:
+        """``(owner, name, original, value now)`` for every patch, oldest first."""
+        out = []
+        for key in self._order:
+            owner, name, _had, original = self._saved[key]
+            out.append((owner, name, original, getattr(owner, name, MISSING)))
+        return out
+
     def values(self) -> list[Any]:
         """The objects patched in, as they are now."""
         return [getattr(owner, name, MISSING) for owner, name, _had, _orig in self._saved.values()]

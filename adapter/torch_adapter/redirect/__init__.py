@@ -15,8 +15,8 @@
 - :mod:`.dtensor_rules` DTensor sharding strategies for host kernels CUDA has its own for (CPU attention)
 - :mod:`.env`          CUDA environment variables → the target's
 - :mod:`.probes`       third-party availability probes (flash-attn, xformers…) answered for the target
-- :mod:`.torchscript`  TorchScript sees torch's builtins through the wrappers; device constants in graphs
 - :mod:`.torchscript`  TorchScript: the wrappers as its builtins, CUDA device constants in graphs → the target
+- :mod:`.torch_tables` torch's tables of its functions and pickle's names: each stand-in beside its original
 - :mod:`.log`          the redirect log (call sites)
 
 :func:`apply_all` installs them on a session's Patcher, in that order; the session's
@@ -32,13 +32,14 @@ __all__ = ["apply_all"]
 
 def apply_all(session: Any) -> None:
     from . import (accelerator, amp, compiling, cuda_ns, custom_ops, devices, distributed, dtensor_rules, env, probes,
-                   torchscript)
+                   torch_tables, torchscript)
     from .log import remember
     from .._autoinstall import ENV_VAR, encode
 
     session.redirect_log.enabled = session.config.log_redirects
     remember(session.redirect_log)
     compiling.prepare(session)  # before any patch: torch._dynamo's tables of torch's functions
+    torch_tables.prepare(session)  # before any patch: torch's tables of its functions
     devices.apply(session)
     cuda_ns.apply(session)
     custom_ops.apply(session)
@@ -49,6 +50,7 @@ def apply_all(session: Any) -> None:
     dtensor_rules.apply(session)
     env.apply(session)
     probes.apply(session)
-    torchscript.apply(session)  # last: registers every wrapper patched in above
+    torchscript.apply(session)  # registers every wrapper patched in above as TorchScript's builtin
+    torch_tables.register(session)  # after every patch: the stand-ins beside torch's functions
     if session.config.propagate:
         session.patcher.set_env(ENV_VAR, encode(session.settings()))

@@ -144,15 +144,15 @@ class StandIn:
             def __init__(self, device: Any) -> None:
                 idx = device if type(device) is int else getattr(m.map(device, "torch.cuda.device"), "index", None)
                 self.idx = -1 if idx is None else idx
-                self.prev = 0
+                self.prev_idx = 0  # torch's attribute names: a pickled one loads as torch's
 
             def __enter__(self) -> None:
-                self.prev = m.logical_index
+                self.prev_idx = m.logical_index
                 if self.idx >= 0:
                     set_device(self.idx)
 
             def __exit__(self, *exc: Any) -> bool:
-                set_device(self.prev)
+                set_device(self.prev_idx)
                 return False
 
         class device_of(device):  # noqa: N801

@@ -18,12 +18,18 @@ dtypes from a tensor's device: lying there breaks them).
 
 from __future__ import annotations
 
+import copyreg
 import functools
 from typing import Any, Callable
 
 import torch
+from torch.overrides import handle_torch_function, has_torch_function
+
+from .. import _torch_private as tp
 
 __all__ = ["DeviceMapper", "apply"]
+
+mode_enabled = tp.torch_function_mode_check()
 
 _DEVICE = type(torch.device("cpu"))  # the C type (while installed the name torch.device is a stand-in)
 
@@ -51,13 +57,18 @@ class DeviceMapper:
         self.on_cpu = self.type == "cpu"
         self.log = log
         self.logical_index = 0  # torch.cuda.set_device() on targets with one device
+        self._devices: dict[int | None, torch.device] = {}
+        self.device(None)  # now, outside any mode of the program
 
     def device(self, index: int | None) -> torch.device:
-        if self.on_cpu:
-            return torch.device("cpu")
-        if index is None:
-            return torch.device(self.type)
-        return torch.device(self.type, index)
+        # made once per index: torch.device(...) is itself a torch function, so building one per
+        # call would show every TorchFunctionMode of the program a call it never made
+        key = None if self.on_cpu else index
+        dev = self._devices.get(key)
+        if dev is None:
+            dev = self._devices[key] = (_DEVICE("cpu") if self.on_cpu else _DEVICE(self.type) if index is None
+                                        else _DEVICE(self.type, index))
+        return dev
 
     def is_cuda(self, dev: Any) -> bool:
         if type(dev) is str:
@@ -99,20 +110,35 @@ def _spell(dev: Any) -> str:
 def _index_of(spec: str) -> int | None:
     if spec == "cuda":
         return None
+    kind, _, index = spec.partition(":")
+    if kind == "cuda" and index.isdigit():  # parsed here: torch.device() would be seen by modes
+        return int(index)
     try:
-        return torch.device(spec).index
+        return _DEVICE(spec).index
     except RuntimeError:
         return None
 
 
-def _wrap_device_kwarg(orig: Callable, mapper: DeviceMapper, label: str) -> Callable:
+def _wrap_device_kwarg(orig: Callable, mapper: DeviceMapper, label: str, *, protocol: bool = False) -> Callable:
+    """``orig`` with ``device=`` mapped. ``protocol``: a torch.* function, whose torch-function
+    dispatch the wrapper runs itself (below)."""
+
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         dev = kwargs.get("device")
         if dev is not None and mapper.is_cuda(dev) or type(dev) is int:
             kwargs["device"] = mapper.map(dev, f"{label}(device={_spell(dev)})", ints=True)
+        if protocol:
+            # __torch_function__ is handed the function the program called, as torch does for
+            # its own Python functions: ``func is torch.zeros_like`` holds in a subclass or a
+            # TorchFunctionMode while installed (torch's C code would hand them the builtin
+            # behind the wrapper). Torch's tables know the wrapper beside it (.torch_tables).
+            relevant = args[:1] if like else ()
+            if mode_enabled() or (relevant and has_torch_function(relevant)):
+                return handle_torch_function(wrapper, relevant, *args, **kwargs)
         return orig(*args, **kwargs)
 
+    like = orig.__name__.endswith("_like")  # torch dispatches *_like on its input's type (a subclass)
     wrapper.__torch_adapter_original__ = orig  # type: ignore[attr-defined]
     return wrapper
 
@@ -137,12 +163,12 @@ def apply(session: Any) -> DeviceMapper:
     for name in FACTORIES:
         fn = getattr(torch, name, None)
         if fn is not None:
-            p.set(torch, name, _wrap_device_kwarg(fn, mapper, f"torch.{name}"))
+            p.set(torch, name, _wrap_device_kwarg(fn, mapper, f"torch.{name}", protocol=True))
     for mod_name, name in SUBMODULE_FACTORIES:
         mod = getattr(torch, mod_name, None)
         fn = getattr(mod, name, None) if mod is not None else None
         if fn is not None:
-            p.set(mod, name, _wrap_device_kwarg(fn, mapper, f"torch.{mod_name}.{name}"))
+            p.set(mod, name, _wrap_device_kwarg(fn, mapper, f"torch.{mod_name}.{name}", protocol=True))
     for name in TENSOR_NEW:
         p.set(T, name, _wrap_device_kwarg(getattr(T, name), mapper, f"Tensor.{name}"))
 
@@ -285,7 +311,16 @@ def _patch_generator(p: Any, mapper: DeviceMapper) -> None:
             return Original(mapper.map(device, f"torch.Generator(device={_spell(device)})", ints=True))
 
     Generator.__doc__ = Original.__doc__
+    Generator.__module__, Generator.__qualname__ = "torch", "Generator"  # pickled by torch's name
+
+    def reduce(gen: Any) -> Any:
+        # torch's own reduction names the class torch.Generator, which pickle looks up and finds
+        # the stand-in: the stand-in is written instead, so a pickle made in the session loads as
+        # torch's Generator after uninstall() or in a plain interpreter
+        return (Generator, *Original.__reduce__(gen)[1:])
+
     p.set(torch, "Generator", Generator)
+    p.set_item(copyreg.dispatch_table, Original, reduce)
 
 
 def _patch_load(p: Any, mapper: DeviceMapper) -> None:
