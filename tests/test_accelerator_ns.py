@@ -120,3 +120,58 @@ def test_docs_section_is_in_sync():
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "cuda-namespace.md").read_text()
     assert accelerator_markdown() in doc, "regenerate with: python -m torch_adapter.redirect.cuda_table > docs/cuda-namespace.md"
+
+
+# -- who the caller is: the nearest frame past pass-through frames decides (redirect/accelerator.py) --
+def _decorated(how: str):
+    import functools
+
+    acc = torch.accelerator.current_accelerator
+    return {"torch.compiler.disable(fn)": lambda: torch.compiler.disable(acc),
+            "torch.no_grad()(fn)": lambda: torch.no_grad()(acc),
+            "torch.inference_mode()(fn)": lambda: torch.inference_mode()(acc),
+            "torch.enable_grad()(fn)": lambda: torch.enable_grad()(acc),
+            "torch.no_grad()(functools.partial(fn))": lambda: torch.no_grad()(functools.partial(acc)),
+            "torch.compiler.disable(torch.no_grad()(fn))": lambda: torch.compiler.disable(torch.no_grad()(acc)),
+            }[how]()
+
+
+@pytest.mark.parametrize("how", ["torch.compiler.disable(fn)", "torch.no_grad()(fn)", "torch.inference_mode()(fn)",
+                                 "torch.enable_grad()(fn)", "torch.no_grad()(functools.partial(fn))",
+                                 "torch.compiler.disable(torch.no_grad()(fn))"])
+def test_torchs_decorator_wrappers_around_the_programs_call_are_not_the_caller(how):
+    """torch's wrapper frames (torch.utils._contextlib, torch._dynamo.eval_frame) only carry the
+    program's call: the program gets its answer, not torch's."""
+    torch_adapter.install("cpu")
+    try:
+        assert _decorated(how)() == torch.device("cuda")
+    finally:
+        torch_adapter.uninstall()
+
+
+def test_torchs_own_code_calling_through_a_wrapper_still_gets_torchs_answer():
+    namespace = {"__name__": "torch._torch_adapter_test_internal", "torch": torch}
+    exec("def internal():\n    return torch.no_grad()(torch.accelerator.current_accelerator)()", namespace)
+    torch_adapter.install("cpu")
+    try:
+        assert namespace["internal"]() is None  # torch's truth on this CPU build
+        assert torch.accelerator.current_accelerator() == torch.device("cuda")  # the program's
+    finally:
+        torch_adapter.uninstall()
+
+
+def test_atexit_callbacks_are_the_programs_calls(tmp_path):
+    """An atexit callback runs with no Python frame above it: the program's call, answered (it
+    raised "call stack is not deep enough")."""
+    script = tmp_path / "at_exit.py"
+    script.write_text(textwrap.dedent("""
+        import atexit, functools, torch
+        atexit.register(lambda: print("wrapped:", torch.accelerator.current_accelerator()))
+        atexit.register(torch.accelerator.synchronize)
+        atexit.register(torch.accelerator.current_accelerator)
+        atexit.register(functools.partial(torch.accelerator.device_count))
+    """))
+    res = run_cli("run", str(script), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Exception ignored" not in res.stderr and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert "wrapped: cuda" in res.stdout

@@ -399,7 +399,49 @@ def no_dispatch_modes() -> Any:
 __all__ += ["dynamo_tables_loaded", "dynamo_tables", "dynamo_tables_ready", "build_dynamo_tables",
             "forget_dynamo_tables"]
 
-_DYNAMO_CACHES = ("get_torch_obj_rule_map", "get_tensor_method")
+# The caches dynamo builds at its first use of them (after its import) by looking torch's objects
+# up by name: (module, attribute path). Each is a zero-argument functools cache.
+_DYNAMO_CACHES = (
+    ("torch._dynamo.trace_rules", "get_torch_obj_rule_map"),  # torch function -> how it is traced
+    ("torch._dynamo.trace_rules", "get_tensor_method"),  # Tensor methods
+    ("torch._dynamo.variables.torch", "get_overridable_functions"),  # torch.overrides' functions
+    ("torch._dynamo.variables.torch", "tracing_state_functions"),
+    ("torch._dynamo.variables.torch", "TorchInGraphFunctionVariable._get_handlers"),  # per-function handlers
+    ("torch._dynamo.variables.user_defined", "UserDefinedClassVariable._constant_fold_classes"),  # torch.device
+    ("torch._dynamo.variables.user_defined", "UserDefinedClassVariable._in_graph_classes"),
+)
+
+
+class _Table:
+    """One of dynamo's lazily built tables, behind one protocol: built? build, content, forget."""
+
+    def __init__(self, obj: Any, kind: str, module: Any = None) -> None:
+        self.obj, self.kind, self.module = obj, kind, module
+
+    def built(self) -> bool:
+        if self.kind == "cache":
+            return self.obj.cache_info().currsize > 0
+        if self.kind == "ids":
+            return self.obj.function_ids is not None
+        return getattr(self.module, "_CLOSURE_VARS", None) is not None
+
+    def build(self) -> None:
+        self.obj()
+
+    def content_ids(self) -> set[int]:
+        if self.kind == "ids":
+            return set(self.obj.function_ids)
+        content = self.obj() if self.kind == "cache" else self.module._CLOSURE_VARS
+        items = list(content.items()) if isinstance(content, dict) else [(k, None) for k in content]
+        return {id(x) for kv in items for x in kv}
+
+    def forget(self) -> None:
+        if self.kind == "cache":
+            self.obj.cache_clear()
+        elif self.kind == "ids":
+            self.obj.function_ids, self.obj.function_names = None, None
+        else:
+            self.module._CLOSURE_VARS = None
 
 
 def dynamo_tables_loaded() -> bool:
@@ -409,38 +451,46 @@ def dynamo_tables_loaded() -> bool:
     return "torch._dynamo.trace_rules" in sys.modules
 
 
-def dynamo_tables() -> list[Any]:
-    """torch._dynamo.trace_rules' tables built once, at their first use, by looking torch's
-    functions up by name (``torch.arange`` → the object of that moment): its rule map of torch
-    functions, its set of Tensor methods and its ``FunctionIdSet`` id sets (allowed, disallowed,
-    builtin, ... callables). A table built while a wrapper stands in for ``torch.arange`` holds the
-    wrapper, not torch's function; dynamo then refuses to trace the real one ("marked as
-    skipped": a graph break at every factory call of compiled code, also after uninstall)."""
+def dynamo_tables() -> list[_Table]:
+    """The tables torch._dynamo builds once, at their first use, by looking torch's objects up by
+    name (``torch.arange`` → the object of that moment): trace_rules' rule map of torch functions,
+    its set of Tensor methods and its ``FunctionIdSet`` id sets, the handler and constant-fold
+    tables of its torch-function and class variables (``torch.device``), its guards' globals. A
+    table built while a wrapper stands in for ``torch.arange`` holds the wrapper, not torch's
+    function; dynamo then refuses to trace the real one ("marked as skipped": a graph break at
+    every factory call of compiled code, also after uninstall). Tables of another torch: skipped."""
+    import sys
+
     if not dynamo_tables_loaded():
         return []
     import torch._dynamo.trace_rules as tr
 
-    tables: list[Any] = [getattr(tr, n) for n in _DYNAMO_CACHES if hasattr(getattr(tr, n, None), "cache_clear")]
-    tables += [v for v in vars(tr).values() if isinstance(v, tr.FunctionIdSet)]
+    tables: list[_Table] = []
+    for module_name, path in _DYNAMO_CACHES:
+        obj: Any = sys.modules.get(module_name)
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+        if obj is not None and hasattr(obj, "cache_clear"):
+            tables.append(_Table(obj, "cache"))
+    tables += [_Table(v, "ids") for v in vars(tr).values() if isinstance(v, tr.FunctionIdSet)]
+    guards = sys.modules.get("torch._dynamo.guards")
+    if guards is not None and hasattr(guards, "_get_closure_vars") and hasattr(guards, "_CLOSURE_VARS"):
+        tables.append(_Table(guards._get_closure_vars, "global", guards))  # ``device`` in guard code
     return tables
-
-
-def _built(table: Any) -> bool:
-    return table.cache_info().currsize > 0 if hasattr(table, "cache_info") else table.function_ids is not None
 
 
 def dynamo_tables_ready() -> bool:
     """Whether torch._dynamo is imported and every table of :func:`dynamo_tables` is built."""
     tables = dynamo_tables()
-    return bool(tables) and all(_built(t) for t in tables)
+    return bool(tables) and all(t.built() for t in tables)
 
 
 def build_dynamo_tables() -> bool:
     """Build every table not built yet, from the attributes of this moment; True if any was built."""
     built = False
     for table in dynamo_tables():
-        if not _built(table):
-            table()
+        if not table.built():
+            table.build()
             built = True
     return built
 
@@ -449,15 +499,8 @@ def forget_dynamo_tables(holding: set[int]) -> None:
     """Forget the built tables that hold one of the object ids in ``holding`` (they are rebuilt
     at their next use from the attributes of then)."""
     for table in dynamo_tables():
-        if not _built(table):
-            continue
-        if hasattr(table, "cache_clear"):
-            content = table()
-            ids = {id(k) for k in content}
-            if ids & holding:
-                table.cache_clear()
-        elif table.function_ids & holding:
-            table.function_ids, table.function_names = None, None
+        if table.built() and table.content_ids() & holding:
+            table.forget()
 
 
 # --- nn.Module's global forward pre-hooks under a stable key (optimizing.py) ----------------
@@ -522,3 +565,60 @@ def dtensor_register_strategy(op: Any, placements: Any, input_index: int, static
         clear_caches()
 
     return undo
+
+
+# --- TorchScript (redirect/torchscript.py) ----------------------------------------------------
+__all__ += ["jit_builtin_table", "jit_global_functions", "jit_importers", "script_module_graphs",
+            "jit_dead_code_elimination"]
+
+
+def jit_builtin_table() -> dict[int, str] | None:
+    """TorchScript's table ``id(python function) -> "aten::name"`` (``torch.jit._builtins``), built
+    from torch's attributes when torch is imported: the compiler emits a builtin op for a Python
+    object whose id is in it and compiles the source of any other function. None when this torch
+    lacks it (checked torch 2.9–2.13)."""
+    from torch.jit import _builtins
+
+    get = getattr(_builtins, "_get_builtin_table", None)
+    table = get() if callable(get) else None
+    return table if isinstance(table, dict) else None
+
+
+def jit_global_functions() -> list[Any]:
+    """Every function (and scripted class's method) compiled into TorchScript's global compilation
+    unit (``torch.jit._state._python_cu``): what ``torch.jit.script`` made so far in this process."""
+    from torch.jit import _state
+
+    cu = getattr(_state, "_python_cu", None)
+    return list(cu.get_functions()) if cu is not None and hasattr(cu, "get_functions") else []
+
+
+def jit_importers() -> tuple[Any, tuple[str, ...]]:
+    """``torch._C.import_ir_module`` and ``import_ir_module_from_buffer``: what ``torch.jit.load``
+    calls with the compilation unit it creates for the archive's code (its owner and the names
+    present on this torch)."""
+    import torch
+
+    names = tuple(n for n in ("import_ir_module", "import_ir_module_from_buffer") if hasattr(torch._C, n))
+    return torch._C, names
+
+
+def script_module_graphs(module: Any) -> list[tuple[str, Any]]:
+    """``(qualified method name, graph)`` of every method of a ScriptModule and its submodules
+    (the C++ module behind ``module._c``)."""
+    import torch
+
+    out = []
+    for sub in module.modules():
+        c = getattr(sub, "_c", None)
+        if isinstance(c, torch._C.ScriptModule):
+            owner = c._type().qualified_name()
+            out += [(f"{owner}.{name}", c._get_method(name).graph) for name in c._method_names()]
+    return out
+
+
+def jit_dead_code_elimination(graph: Any) -> None:
+    """TorchScript's dead-code pass on ``graph``, in place."""
+    import torch
+
+    torch._C._jit_pass_dce(graph)

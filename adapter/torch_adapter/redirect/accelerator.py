@@ -16,6 +16,21 @@ whose caller is a ``torch`` module gets torch's own function, so those paths see
 tensors' machine, exactly as without the adapter. On an accelerator target (npu, xpu,
 mps, cuda) ``torch.accelerator`` already names it, and nothing is patched.
 
+**Who the caller is.** The nearest frame that is not a pass-through decides: frames of the
+modules in :data:`PASS_THROUGH` only carry a call on behalf of whoever made it — torch's
+decorator wrappers (``torch.no_grad()(fn)``, ``torch.inference_mode()(fn)``,
+``torch.compiler.disable(fn)``) and the standard library's call plumbing (``functools``,
+``contextlib``, ``threading``) — so ``torch.no_grad()(torch.accelerator.current_accelerator)()``
+is the program's call. No frame at all (an ``atexit`` callback, a C callback) is the program's
+too. ``functools.partial`` and ``map`` are C and add no frame. The walk reads one dict entry per
+frame; most calls stop at the first.
+
+**Compiled code.** Frames cannot be inspected in code dynamo traces, so there the answer is
+the compiled program's, as a constant: ``torch.compiler.is_dynamo_compiling()`` (False when
+running, folded to True when traced) selects it. torch code that dynamo inlines into the
+program's graph (``flex_attention``'s default device) gets the program's answer as well; torch's
+code that runs while compiling (fake tensors, inductor) runs, and gets torch's.
+
 The patches are set on ``torch.accelerator`` and on the submodule that defines each name
 (``torch.accelerator.memory``), by import path; ``uninstall()`` restores both.
 """
@@ -28,8 +43,18 @@ import sys
 from typing import Any, Callable
 
 import torch
+from torch.compiler import is_dynamo_compiling as _traced  # False when run, True where dynamo traces
 
-__all__ = ["ANSWERS", "apply", "accelerator_markdown"]
+__all__ = ["ANSWERS", "PASS_THROUGH", "apply", "accelerator_markdown"]
+
+# Modules whose frames only carry a call on behalf of their caller (module docstring).
+PASS_THROUGH = frozenset({
+    "functools", "contextlib", "threading", "concurrent.futures.thread", "weakref",
+    "torch.utils._contextlib",  # no_grad / enable_grad / inference_mode / set_grad_enabled as decorators
+    "torch.autograd.grad_mode",
+    "torch._dynamo.eval_frame",  # torch.compiler.disable(fn), torch.compile(fn)'s entry
+    "torch._compile",  # torch._disable_dynamo
+})
 
 # torch.accelerator name -> the torch.cuda name whose (stand-in) answer it gives; None: its own below
 ANSWERS: dict[str, str | None] = {
@@ -63,7 +88,12 @@ def accelerator_markdown() -> str:
              "`torch.cuda` gives (the current accelerator is `cuda`, one device per local rank under a launcher),",
              "so it takes its accelerator path, which the adapter redirects. A call made by torch's own modules",
              "(the optimizer, `parallel_apply`, c10d, `torch.load`) gets torch's answer, so torch's host/device",
-             "choices stay those of the real machine. On accelerator targets nothing is patched.\n",
+             "choices stay those of the real machine. The caller is the nearest frame past pass-through ones:",
+             "torch's decorator wrappers (`torch.no_grad()(fn)`, `torch.inference_mode()(fn)`,",
+             "`torch.compiler.disable(fn)`) and `functools`/`contextlib`/`threading` carry the call of whoever",
+             "made it; no frame at all (an `atexit` callback) is the program. In code `torch.compile` traces",
+             "the answer is the compiled program's, a constant in the graph (no graph break). On accelerator",
+             "targets nothing is patched.\n",
              "| name | answered as |", "|---|---|"]
     for name, cuda_name in ANSWERS.items():
         how = {"current_accelerator": "`torch.device(\"cuda\")`",
@@ -72,15 +102,23 @@ def accelerator_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _torch_caller(depth: int = 2) -> bool:
-    """Whether the frame ``depth`` up (the caller of a stand-in) is torch's own code."""
-    name = sys._getframe(depth).f_globals.get("__name__") or ""
-    return name == "torch" or name.startswith("torch.")
+def _torch_caller() -> bool:
+    """Whether the stand-in calling this was called by torch's own code: the nearest frame past
+    its caller's pass-through frames decides (module docstring); none at all is the program."""
+    frame = sys._getframe(1).f_back  # the stand-in's caller; None when called from no Python frame
+    while frame is not None:
+        name = frame.f_globals.get("__name__") or ""
+        if name not in PASS_THROUGH:
+            return name == "torch" or name.startswith("torch.")
+        frame = frame.f_back
+    return False
 
 
 def _stand_in(name: str, original: Callable[..., Any], answer: Callable[..., Any], log: Any) -> Callable[..., Any]:
     @functools.wraps(original)
     def stand_in(*args: Any, **kwargs: Any) -> Any:
+        if _traced():  # dynamo is tracing the program: its answer, a constant in the graph
+            return answer(*args, **kwargs)
         if _torch_caller():
             return original(*args, **kwargs)
         log.record("namespace", f"torch.accelerator.{name}", "torch.cuda's answer for the target", depth=3)

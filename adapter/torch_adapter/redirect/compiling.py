@@ -6,15 +6,30 @@ the target, crashing inside CUDA's caching allocator. On a non-CUDA target they 
 ``"default"`` and ``"max-autotune-no-cudagraphs"`` (the same optimisations without the
 capture); each rewrite is logged. ``options={"triton.cudagraphs": True}`` is dropped too.
 
-**Dynamo's tables of torch's functions.** torch._dynamo looks torch's functions up by name
-once, at its first use (``_torch_private.dynamo_tables``). Built while the adapter's wrappers
-stand in for ``torch.arange`` & co., they would hold the wrappers: dynamo would then refuse to
-trace the real functions the wrappers call — a graph break at every factory call and
-``Tensor.to`` in compiled code, during the session and after ``uninstall()``. So
-:func:`prepare` (before any patch) builds them from torch's own functions when torch._dynamo
-is already imported; otherwise the first ``torch.compile`` of the session builds them with
-the patches suspended for that moment. At uninstall, tables that picked up a wrapper anyway
-(built by another path during the session) are forgotten, to be rebuilt from torch's own.
+**Dynamo's tables of torch's objects.** torch._dynamo recognises torch's functions and types by
+identity, in tables it builds from torch's attributes of the moment: some as it is imported
+(its constant-fold and Tensor-attribute tables, its rule map of torch functions), the rest at
+their first use (``_torch_private.dynamo_tables``). Built while the adapter's stand-ins are in
+place, they would hold the stand-ins: ``torch.cuda.device_count`` would be "a torch op returning
+a non-Tensor" (a graph break), ``torch.accelerator.current_accelerator`` a constant whose guard
+fails on the frame that made it, every factory a graph break — during the session and after
+``uninstall()``. So the tables always hold torch's own objects:
+
+- torch._dynamo imported before ``install()``: :func:`prepare` (before any patch) builds the
+  lazily built tables now;
+- imported during the session: the import runs with the session's patches suspended (a
+  meta-path hook, :mod:`.._after_import`; other threads see torch unpatched for that moment,
+  once per process), and the lazily built tables are built in the same moment;
+- a table that picked one up anyway (built by a path not foreseen) is forgotten at uninstall,
+  to be rebuilt from torch's own; and the first ``torch.compile`` of a session builds any table
+  still missing with the patches suspended.
+
+Nothing of the adapter is registered in dynamo: the stand-ins are plain Python that dynamo
+inlines (``torch.cuda.is_available`` → ``True``, the factories call torch's with the target's
+device, ``torch.accelerator``'s answer the compiled program's: :mod:`.accelerator`), and the
+``torch.device`` stand-in is found in dynamo's constant-fold class set, which it hashes and
+compares equal in (:mod:`.device_ordinal`). Compiled code guards on the stand-ins' identity, so
+code compiled during the session recompiles after ``uninstall()``.
 """
 
 from __future__ import annotations
@@ -25,6 +40,7 @@ from typing import Any
 import torch
 
 from .. import _torch_private as tp
+from .._after_import import after_import
 
 __all__ = ["MODES", "prepare", "apply"]
 
@@ -32,11 +48,13 @@ MODES = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagrap
 
 
 def prepare(session: Any) -> None:
-    """Before any patch: dynamo's tables from torch's own functions (module docstring)."""
+    """Before any patch: dynamo's tables from torch's own objects, now or as it is imported
+    during the session (module docstring)."""
     if session.target.device_type == "cuda":
         return
-    tp.build_dynamo_tables()  # nothing when torch._dynamo is not imported
-    session.patcher.before_restore(lambda values: tp.forget_dynamo_tables({id(v) for v in values}))
+    p = session.patcher
+    after_import(p, "torch._dynamo", lambda _module: tp.build_dynamo_tables(), around=p.suspended)
+    p.before_restore(lambda values: tp.forget_dynamo_tables({id(v) for v in values if callable(v)}))
 
 
 def apply(session: Any) -> None:

@@ -18,8 +18,12 @@ nor patched), so the *name* ``torch.device`` gets a stand-in class while install
 The stand-in compares and hashes equal to the C type (``torch.fx`` code generation and
 type-keyed tables rely on ``obj == torch.device``).
 
-Limits (docs/redirect.md): ``type(d) is torch.device`` is False while installed; a
-``torch.device(...)`` call inside a ``torch.compile``d function is a graph break.
+The same equality makes it torch.device to dynamo: its constant-fold class set finds the
+stand-in, so ``torch.device(...)`` in compiled code folds to a constant (no graph break).
+
+Limit (docs/redirect.md says why the stand-in stays: libraries call ``torch.device(int)``
+themselves, and only an irreversible PrivateUse1 backend would make the C constructor accept
+it): ``type(d) is torch.device`` is False while installed.
 """
 
 from __future__ import annotations
