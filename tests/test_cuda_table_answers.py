@@ -213,7 +213,33 @@ def _list_processes(c: Any) -> None:
 
 def _graphed(c: Any) -> None:
     fn = torch.nn.Linear(2, 2)
-    assert c.make_graphed_callables(fn, (torch.randn(1, 2),)) is fn
+    plain = fn.forward
+    assert c.make_graphed_callables(fn, (torch.randn(1, 2),)) is fn and fn.forward != plain  # graphed forward
+    x = torch.randn(1, 2)
+    assert torch.equal(fn(x), torch.nn.functional.linear(x, fn.weight, fn.bias))
+
+
+def _cuda_graph(c: Any) -> None:
+    x = torch.zeros(2)
+    g = c.CUDAGraph()
+    with c.graph(g):
+        y = x * 2 + 1
+    x.copy_(torch.tensor([1.0, 2.0]))
+    g.replay()
+    assert y.tolist() == [3.0, 5.0]
+
+
+def _capturing(c: Any) -> None:
+    assert c.is_current_stream_capturing() is False and c.is_available()
+    g = c.CUDAGraph()
+    with c.graph(g):
+        inside = c.is_current_stream_capturing()
+    assert inside is True and c.is_current_stream_capturing() is False
+
+
+def _pool_handle(c: Any) -> None:
+    a, b = c.graph_pool_handle(), c.graph_pool_handle()
+    assert a != b and hash(a) != hash(b)
 
 
 def _is(name: str, value: Any, *args: Any) -> Check:
@@ -278,8 +304,8 @@ EXPECT: dict[str, Check] = {
     "initial_seed": lambda c: _is_value(c.initial_seed(), torch.initial_seed()),
     "is_available": _is("is_available", True),
     "is_bf16_supported": _is("is_bf16_supported", True),
-    "is_current_stream_capturing": lambda c: (_is("is_current_stream_capturing", False)(c),
-                                              _is("is_available", True)(c)),
+    "is_current_stream_capturing": _capturing,
+    "CUDAGraph": _cuda_graph, "graph": _cuda_graph, "graph_pool_handle": _pool_handle,
     "is_initialized": _is("is_initialized", True),
     "is_tf32_supported": _is("is_tf32_supported", False),
     "list_gpu_processes": _list_processes,

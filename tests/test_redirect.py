@@ -243,12 +243,14 @@ def test_propagate_adapts_child_processes():
     assert "TORCH_ADAPTER_AUTOINSTALL" not in os.environ
 
 
-def test_cuda_graph_capture_is_a_clear_error_and_graphed_callables_run_eagerly():
+def test_cuda_graph_needs_a_graph_and_graphed_callables_are_graphed():
+    """Capture is emulated (tests/test_cuda_graphs.py): a bad argument is torch's TypeError."""
     torch_adapter.install("cpu")
-    with pytest.raises(UnsupportedCudaFeature, match="reduce-overhead"):
+    with pytest.raises(TypeError, match="torch.cuda.CUDAGraph"):
         torch.cuda.graph(None)
     f = torch.nn.Linear(2, 2)
     assert torch.cuda.make_graphed_callables(f, (torch.randn(1, 2),)) is f
+    assert "make_graphed_callables" in str(f.forward)  # torch's graphed forward replaced it
 
 
 def test_event_timing_is_real():

@@ -171,6 +171,8 @@ def _value_for(name: str) -> Any:
         "debug_mode": 0, "fraction": 0.5, "callables": nn.Linear(2, 2), "sample_args": (torch.ones(1, 2),),
         "obj": torch.ones(1), "msg": "range", "range_id": 0, "enabled": True, "value": True,
     }
+    if name == "cuda_graph":  # torch.cuda.graph's graph (the emulated CUDAGraph while installed)
+        return torch.cuda.CUDAGraph()
     return values.get(name, None)
 
 

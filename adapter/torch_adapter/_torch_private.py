@@ -622,3 +622,81 @@ def jit_dead_code_elimination(graph: Any) -> None:
     import torch
 
     torch._C._jit_pass_dce(graph)
+
+
+# --- CUDA graph emulation (torch_adapter.redirect.cuda_graphs) -----------------------------
+__all__ += ["function_mode_base", "mutated_tensors", "below_autograd_and_autocast"]
+
+
+def function_mode_base() -> type:
+    """``torch.overrides.TorchFunctionMode`` (public, but listed here beside its dispatch twin)."""
+    from torch.overrides import TorchFunctionMode
+
+    return TorchFunctionMode
+
+
+def mutated_tensors(op: Any, args: tuple, kwargs: dict) -> list[Any]:
+    """The tensors ``op`` writes to (its schema's ``Tensor(a!)`` arguments, lists included)."""
+    import torch
+
+    schema = op._schema
+    if not schema.is_mutable:
+        return []
+    out: list[Any] = []
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        out.extend(v for v in values if isinstance(v, torch.Tensor))
+    return out
+
+
+def below_autograd_and_autocast(device_types: tuple[str, ...]) -> Any:
+    """A context manager that runs aten ops as a TorchDispatchMode's ``func(*args)`` runs them:
+    below autograd and ADInplaceOrView (no graph recorded, no version bump, as a kernel replayed
+    by a CUDA graph) and below the autocast keys of ``device_types`` (the recorded ops are the
+    casts autocast already chose)."""
+    import contextlib
+
+    import torch
+
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+    for device_type in device_types:
+        try:
+            keys = keys | DispatchKeySet(autocast_key(device_type))
+        except (AttributeError, RuntimeError):
+            pass
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch._C._AutoDispatchBelowADInplaceOrView())
+    stack.enter_context(torch._C._ExcludeDispatchKeyGuard(keys))
+    return stack
+
+
+# --- "cuda"-keyed custom ops (torch_adapter.redirect.custom_ops) ---------------------------
+__all__ += ["python_kernel", "has_computed_kernel_for_key"]
+
+
+def python_kernel(name: str, key: str) -> Any:
+    """The kernel registered from Python for ``name`` at ``key`` (``torch.library``:
+    custom_op, ``Library.impl``), or None (none, or a C++ kernel: its ``debug`` text names the
+    ``.cpp``/``.cu`` file that registered it, a Python one the ``.py`` file or ``<stdin>``)."""
+    import re
+
+    import torch
+
+    if not has_kernel_for_key(name, key):
+        return None
+    kernel = torch.library.get_kernel(name, key)
+    debug = repr(kernel)
+    return None if re.search(r"\.(cpp|cu|cc|h|mm)(:\d+)?'", debug) else kernel
+
+
+def has_computed_kernel_for_key(name: str, key: str) -> bool:
+    """Would the dispatcher find a kernel for ``name`` at ``key`` (its own, or a composite one)?"""
+    import torch
+
+    try:
+        return bool(torch._C._dispatch_has_computed_kernel_for_dispatch_key(name, key))
+    except RuntimeError:
+        return False

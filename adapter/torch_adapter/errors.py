@@ -7,7 +7,11 @@
     ├── TargetError (+ RuntimeError)    a target that is unknown or not on this machine
     ├── UnsupportedCudaFeature (+ RuntimeError)
     │                                   a CUDA-only feature the target cannot provide
-    │                                   (CUDA graph capture, cudart, jiterator, ...)
+    │                                   (cudart, jiterator, raw CUDA graph handles, ...)
+    ├── redirect.cuda_graphs.GraphCaptureError (+ torch.AcceleratorError)
+    │                                   an emulated CUDA graph capture met what CUDA refuses
+    │                                   too (host sync, data-dependent shape); defined there
+    │                                   because it derives from a torch class
     ├── ProfileError (+ ValueError)     a capability profile file that is malformed
     ├── RegistrationError (+ ValueError)
     │                                   a duplicate or invalid register_* call

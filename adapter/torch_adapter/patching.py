@@ -84,11 +84,14 @@ class Patcher:
         self._after.append(fn)
 
     @contextlib.contextmanager
-    def suspended(self) -> Iterator[None]:
+    def suspended(self, only: Any = None) -> Iterator[None]:
         """Torch's own attributes back for the block, the patches again after it: for a cache
-        torch builds once from its attributes (``redirect/dynamo_tables.py``). Not for hot
-        paths: other threads see torch unpatched meanwhile."""
-        current = [(key, getattr(self._saved[key][0], self._saved[key][1], MISSING)) for key in self._order]
+        torch builds once from its attributes (``redirect/compiling.py``: torch._dynamo's tables).
+        ``only(owner, name, original)`` limits it to the patches it accepts (``redirect/torchscript.py``:
+        the Python functions TorchScript compiles). Not for hot paths: other threads see those
+        attributes unpatched meanwhile."""
+        keys = [key for key in self._order if only is None or only(*(self._saved[key][i] for i in (0, 1, 3)))]
+        current = [(key, getattr(self._saved[key][0], self._saved[key][1], MISSING)) for key in keys]
         for key, _ in reversed(current):
             owner, name, had_own, original = self._saved[key]
             if original is MISSING:

@@ -170,10 +170,10 @@ TORCH_RULES: tuple[dict, ...] = (
                          "torch.cuda.is_current_stream_capturing"],
                 "instance": {"classes": ["torch.cuda.CUDAGraph", "torch.cuda.graphs.CUDAGraph"],
                              "methods": ["replay", "capture_begin", "capture_end", "reset", "pool"]}},
-         message="CUDA graph capture has no equivalent on {target}: capture raises "
-                 "UnsupportedCudaFeature (make_graphed_callables runs eagerly). The speed-up of "
-                 "graphs is lost.",
-         alternative="Guard capture so the eager path runs on other targets; on the target "
+         message="CUDA graphs are emulated on {target} (capture records the ops, replay re-runs "
+                 "them on the same static tensors): results match, the launch-overhead speed-up is "
+                 "lost; a host sync or data-dependent shape inside the capture raises as on CUDA.",
+         alternative="Keep .item()/.cpu()/printing/nonzero out of the capture; on the target "
                      "use torch.compile (where supported) for launch overhead.",
          docs=_CUDA_DOCS + "#cuda-graphs"),
     dict(id="API011", title="CUDA/cuDNN version and compute capability", severity="review",

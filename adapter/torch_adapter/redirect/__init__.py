@@ -4,7 +4,10 @@
 - :mod:`.device_context` ``with torch.device``, ``set_default_device``, meta init (torch's factory set)
 - :mod:`.device_ordinal` ``torch.device(0)`` (a stand-in for the name while installed)
 - :mod:`.dataflow`     DataLoader pinning, ``nn.DataParallel`` on the host
-- :mod:`.cuda_ns`      the ``torch.cuda`` namespace answered for the target
+- :mod:`.cuda_ns`      the ``torch.cuda`` namespace answered for the target (:mod:`.cuda_graphs`: CUDA graphs
+                       emulated where the target has none)
+- :mod:`.custom_ops`   custom ops with a "cuda" kernel served on the target
+- :mod:`.custom_ops`   custom ops with only a "cuda" kernel run on the target (a session-owned kernel)
 - :mod:`.accelerator`  ``torch.accelerator`` answered as ``torch.cuda`` on the CPU target (torch's own calls: the truth)
 - :mod:`.amp`          autocast / GradScaler / custom_fwd, profiler activities, SDPA backends
 - :mod:`.compiling`    ``torch.compile`` CUDA-graph modes → their no-graph equivalents
@@ -12,6 +15,7 @@
 - :mod:`.dtensor_rules` DTensor sharding strategies for host kernels CUDA has its own for (CPU attention)
 - :mod:`.env`          CUDA environment variables → the target's
 - :mod:`.probes`       third-party availability probes (flash-attn, xformers…) answered for the target
+- :mod:`.torchscript`  TorchScript sees torch's builtins through the wrappers; device constants in graphs
 - :mod:`.torchscript`  TorchScript: the wrappers as its builtins, CUDA device constants in graphs → the target
 - :mod:`.log`          the redirect log (call sites)
 
@@ -27,7 +31,8 @@ __all__ = ["apply_all"]
 
 
 def apply_all(session: Any) -> None:
-    from . import accelerator, amp, compiling, cuda_ns, devices, distributed, dtensor_rules, env, probes, torchscript
+    from . import (accelerator, amp, compiling, cuda_ns, custom_ops, devices, distributed, dtensor_rules, env, probes,
+                   torchscript)
     from .log import remember
     from .._autoinstall import ENV_VAR, encode
 
@@ -36,6 +41,7 @@ def apply_all(session: Any) -> None:
     compiling.prepare(session)  # before any patch: torch._dynamo's tables of torch's functions
     devices.apply(session)
     cuda_ns.apply(session)
+    custom_ops.apply(session)
     accelerator.apply(session)
     amp.apply(session)
     compiling.apply(session)

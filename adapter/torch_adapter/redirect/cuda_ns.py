@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import UnsupportedCudaFeature, format_error
-from . import host_memory
+from . import cuda_graphs, host_memory
 from .cuda_objects import DeviceProperties, _Event, _Stream
 from .cuda_table import _FIXES, TABLE, U
 
@@ -168,7 +168,7 @@ class StandIn:
             name=name, total_memory=host_memory.total(), multi_processor_count=os.cpu_count() or 1))
         ns["get_arch_list"] = lambda: []
         ns["get_gencode_flags"] = lambda: ""
-        ns["synchronize"] = d("synchronize", lambda device=None: None)
+        ns["synchronize"] = d("synchronize", _synchronize)
         ns["can_device_access_peer"] = lambda device, peer_device: False
         ns["check_error"] = _check_error
         ns["has_half"], ns["has_magma"] = True, False
@@ -181,8 +181,7 @@ class StandIn:
         ns["caching_allocator_enable"] = lambda value=True: None
         ns["caching_allocator_disabled"] = lambda: contextlib.nullcontext()
         ns["list_gpu_processes"] = lambda device=None: f"torch_adapter target {self.target.label}: process {os.getpid()}"
-        ns["is_current_stream_capturing"] = lambda: False
-        ns["make_graphed_callables"] = _eager_graphed_callables(m)
+        ns.update(cuda_graphs.names(self.dev_mod))
         ns["utilization"] = lambda device=None: 0
         ns["memory_usage"] = lambda device=None: 0
 
@@ -294,13 +293,8 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _eager_graphed_callables(mapper: Any) -> Callable[..., Any]:
-    def make_graphed_callables(callables: Any, sample_args: Any, num_warmup_iters: int = 3,
-                               allow_unused_input: bool = False, pool: Any = None) -> Any:
-        mapper.log.record("namespace", "torch.cuda.make_graphed_callables", "eager (no graph capture)", depth=3)
-        return callables
-
-    return make_graphed_callables
+def _synchronize(device: Any = None) -> None:
+    cuda_graphs.check_not_capturing("torch.cuda.synchronize()")
 
 
 def _nvtx_patches(session: Any) -> dict[str, Any]:
@@ -348,6 +342,8 @@ def apply(session: Any) -> None:
         for sub in submodules:
             if name in vars(sub):
                 p.set(sub, name, value)
+    if ns["CUDAGraph"] is cuda_graphs.CUDAGraph:
+        cuda_graphs.capturable_optimizers(session)
     for name, value in _nvtx_patches(session).items():
         p.set(torch.cuda.nvtx, name, value)
     profiler_mod = getattr(torch.cuda, "profiler", None)

@@ -60,7 +60,9 @@ class _Stream:
         return True
 
     def synchronize(self) -> None:
-        return None
+        from .cuda_graphs import check_not_capturing
+
+        check_not_capturing("torch.cuda.Stream.synchronize()")
 
     def __eq__(self, other: Any) -> bool:
         return isinstance(other, _Stream)
@@ -90,7 +92,9 @@ class _Event:
         return True
 
     def synchronize(self) -> None:
-        return None
+        from .cuda_graphs import check_not_capturing
+
+        check_not_capturing("torch.cuda.Event.synchronize()")
 
     def elapsed_time(self, end_event: "_Event") -> float:
         if not (self.enable_timing and end_event.enable_timing):

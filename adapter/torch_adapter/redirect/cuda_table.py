@@ -19,11 +19,13 @@ TABLE: dict[str, tuple[str, str]] = {
        for n in ("BFloat16Storage", "BoolStorage", "ByteStorage", "CharStorage", "ComplexDoubleStorage",
                  "ComplexFloatStorage", "DoubleStorage", "FloatStorage", "HalfStorage", "IntStorage",
                  "LongStorage", "ShortStorage")},
-    "CUDAGraph": (U, "graph capture records CUDA kernels; use torch.compile(mode='reduce-overhead') or eager"),
-    "graph": (U, "as CUDAGraph"),
-    "graph_pool_handle": (U, "as CUDAGraph"),
-    "make_graphed_callables": (E, "returns the callables unchanged (they run eagerly)"),
-    "is_current_stream_capturing": (A, "False"),
+    "CUDAGraph": (A, "emulated: capture records the aten ops, replay() re-runs them on the same (static) "
+                     "tensors; host syncs and data-dependent shapes in a capture raise as on CUDA; "
+                     "torch.<target>'s own graph class where the target has one"),
+    "graph": (A, "context manager capturing into the emulated CUDAGraph (pool, stream, capture_error_mode)"),
+    "graph_pool_handle": (A, "an opaque pool token"),
+    "make_graphed_callables": (A, "torch's own, over the emulated CUDAGraph: forward and backward replayed"),
+    "is_current_stream_capturing": (A, "True inside an emulated capture on this thread, else False"),
     "graphs": (K, "module; its names as above"),
     "CudaError": (K, "exception class"), "DeferredCudaCallError": (K, "exception class"),
     "Event": (A, "an event with real elapsed_time() (host clock; the CPU runs ops synchronously)"),
@@ -101,8 +103,6 @@ TABLE: dict[str, tuple[str, str]] = {
 
 
 _FIXES = {
-    "CUDAGraph": "run eagerly (drop the capture), or use torch.compile(mode='reduce-overhead')",
-    "graph": "run eagerly (drop the capture), or use torch.compile(mode='reduce-overhead')",
     "temperature": "read sensors with the vendor's tool (npu-smi, xpu-smi), or skip monitoring",
     "power_draw": "read sensors with the vendor's tool, or skip monitoring",
     "clock_rate": "read sensors with the vendor's tool, or skip monitoring",
@@ -132,5 +132,8 @@ if __name__ == "__main__":  # python -m torch_adapter.redirect.cuda_table > docs
     print("A test keeps this page in sync.\n")
     print(table_markdown())
     from .accelerator import accelerator_markdown
+    from .cuda_graphs import DOC_MARKDOWN
+
+    print(DOC_MARKDOWN)
 
     print(accelerator_markdown(), end="")

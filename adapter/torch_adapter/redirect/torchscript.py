@@ -41,6 +41,7 @@ import functools
 import io
 import os
 import sys
+import types
 from typing import Any, Iterable
 
 import torch
@@ -159,6 +160,15 @@ def _only_device_uses(node: Any) -> bool:
     return bool(uses) and all(u.user.kind() == "aten::device" for u in uses)
 
 
+def _compiled_from_source(owner: Any, name: str, original: Any) -> bool:
+    """A patch of a torch module's Python function: TorchScript compiles such a function from its
+    source when scripted code calls it (torch.optim's ``_get_capturable_supported_devices`` from the
+    functional optimizers), so while it compiles the function is torch's own, not the adapter's
+    closure (which it cannot compile: "python value of type 'str' cannot be used as a value")."""
+    return (isinstance(owner, types.ModuleType) and isinstance(original, types.FunctionType)
+            and owner.__name__.startswith("torch"))
+
+
 def _patch_compilers(p: Any, table: dict[int, str], rewriter: GraphRewriter) -> None:
     orig_script, orig_trace = torch.jit.script, torch.jit.trace
 
@@ -171,7 +181,8 @@ def _patch_compilers(p: Any, table: dict[int, str], rewriter: GraphRewriter) -> 
             args = (args[0], args[1] + 1, *args[2:])
         else:
             kwargs["_frames_up"] = kwargs.get("_frames_up", 0) + 1
-        out = orig_script(obj, *args, **kwargs)
+        with p.suspended(only=_compiled_from_source):  # torch's own Python functions, never a wrapper of one
+            out = orig_script(obj, *args, **kwargs)
         rewriter.compiled(out)
         return out
 
