@@ -15,7 +15,8 @@ import random
 import struct
 from pathlib import Path
 
-__all__ = ["tiny_sd", "hf_cached_vae", "caption_folder", "image_folder", "mnist_raw", "text_corpus", "nanogpt_chars"]
+__all__ = ["tiny_sd", "hf_cached_vae", "caption_folder", "image_folder", "mnist_raw", "text_corpus", "nanogpt_chars",
+           "llmc_shard", "gpt_fast_checkpoint"]
 
 _WORDS = ["red", "blue", "green", "circle", "square", "small", "large", "a", "on", "white", "black", "triangle"]
 
@@ -171,3 +172,38 @@ def nanogpt_chars(folder: Path, n: int = 20000) -> Path:
     with open(folder / "meta.pkl", "wb") as fh:
         pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, fh)
     return folder
+
+
+def llmc_shard(path: Path, n: int = 4096, vocab: int = 50257) -> Path:
+    """A token shard in llm.c's .bin format (dev/data/data_common.py): a header of 256 int32
+    (magic 20240520, version 1, token count), then the tokens as uint16."""
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = (20240520, 1, n)
+    tokens = np.random.default_rng(5).integers(0, vocab, n, dtype=np.uint16)
+    path.write_bytes(header.tobytes() + tokens.tobytes())
+    return path
+
+
+def gpt_fast_checkpoint(folder: Path, repo: Path, config: str = "stories15M") -> Path:
+    """gpt-fast's checkpoint layout, FOLDER/CONFIG/model.pth (generate.py picks the model config by the
+    folder's name): the random weights of the checkout's own ``Transformer.from_name(CONFIG)``, built in a
+    child interpreter (the checkout's ``model`` module stays out of this one), and a byte-level
+    ``tokenizer.model`` in tiktoken's BPE-file format (one ``BASE64TOKEN RANK`` a line)."""
+    import base64
+    import subprocess
+    import sys
+
+    target = folder / config
+    if (target / "model.pth").exists():
+        return target / "model.pth"
+    target.mkdir(parents=True, exist_ok=True)
+    code = ("import sys, torch; sys.path.insert(0, sys.argv[1]); from model import Transformer; torch.manual_seed(0); "
+            "m = Transformer.from_name(sys.argv[2]).to(torch.bfloat16); torch.save(m.state_dict(), sys.argv[3])")
+    subprocess.run([sys.executable, "-c", code, str(repo), config, str(target / "model.pth")], check=True,
+                   env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    (target / "tokenizer.model").write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n"
+                                                    for b in range(256)))
+    return target / "model.pth"

@@ -24,19 +24,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
+import cases_machinery  # noqa: E402
 import fixtures  # noqa: E402
+from common import PY, ROOT, RUN, TORCHRUN2, Case  # noqa: E402,F401
+from common import expect as _expect, free_port as _free_port, slug as _slug  # noqa: E402
 
-PY = sys.executable
-RUN = [PY, "-m", "torch_adapter", "run"]
-TORCHRUN2 = ["torchrun", "--standalone", "--nproc-per-node", "2"]
 ACCEL1 = ["accelerate", "launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
           "--dynamo_backend", "no"]
 
@@ -48,19 +45,8 @@ REPOS = {  # key -> a file that identifies the checkout
     "timm": "timm/version.py",
     "DiT": "diffusion/respace.py",
     "ddpm": "denoising_diffusion_pytorch/denoising_diffusion_pytorch.py",
+    **cases_machinery.REPOS,
 }
-
-
-@dataclass
-class Case:
-    name: str
-    repo: str
-    build: Callable[[Path, Path], tuple[list[str], Path]]  # (checkout, work) -> (argv, cwd)
-    check: Callable[[Path, str], str | None] = lambda work, out: None  # error text or None
-    timeout: int = 900
-    extra_path: bool = False  # the checkout itself on PYTHONPATH (timm)
-    with_repos: tuple = ()  # other checkouts the program imports, put on PYTHONPATH (DiT imports timm)
-    env: dict = field(default_factory=dict)  # extra environment; "{work}" in a value is the case folder
 
 
 # -- diffusers: examples/text_to_image/train_text_to_image.py -------------------------------------------------------
@@ -256,12 +242,6 @@ def _dit_sample(repo: Path, work: Path):
             "--ckpt", str(ckpt)], work
 
 
-def _expect(pattern: str, path: str | None = None):
-    def check(work: Path, out: str) -> str | None:
-        if path and not (work / path).exists():
-            return f"missing {work / path}"
-        return None if re.search(pattern, out) else f"output lacks /{pattern}/"
-    return check
 
 
 CASES = [
@@ -328,15 +308,8 @@ CASES = [
     Case("DiT sample.py from the train case's checkpoint (inference, CFG)", "DiT", _dit_sample,
          _expect(r"100%", "sample.png"), with_repos=("timm",),
          env={"HF_HOME": "{work}/hf_home", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}),  # its checkpoint holds args
+    *cases_machinery.CASES,  # torch's machinery: TorchScript, torch.compile, CUDA graphs, custom ops
 ]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _TV: list[str] = []
@@ -348,7 +321,8 @@ def _env(extra_path: bool, repo: Path | None, base: Path | None = None) -> dict:
         paths.insert(0, str(repo))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
-           "TORCH_ADAPTER_EXIT_TIMEOUT": "60", "PYTHONUNBUFFERED": "1"}
+           "TORCH_ADAPTER_EXIT_TIMEOUT": "60", "PYTHONUNBUFFERED": "1",
+           "PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ written into the checkouts
     if base is not None:
         env["HF_HOME"] = str(base / "_hf_home")  # no user accelerate config, no cache sharing
     env.pop("TORCH_ADAPTER_AUTOINSTALL", None)
@@ -364,9 +338,6 @@ def _reason(text: str) -> str:
     return (lines[-1] if lines else "no output")[:300]
 
 
-def _slug(name: str) -> str:
-    """A case's folder name under --work."""
-    return re.sub(r"[^\w]+", "_", name)[:60]
 
 
 def detect(path: Path) -> str | None:
@@ -413,8 +384,10 @@ def main(argv: list[str] | None = None) -> int:
             cmd, cwd = case.build(repos[case.repo], cdir)
             env = {**_env(case.extra_path, repos[case.repo], work),
                    **{k: v.format(work=cdir) for k, v in case.env.items()}}
-            if case.with_repos:
-                env["PYTHONPATH"] = os.pathsep.join([*(str(repos[r]) for r in case.with_repos), env["PYTHONPATH"]])
+            front = [*(str(repos[r]) for r in case.with_repos),
+                     *(str(HERE / p.format(work=cdir)) for p in case.paths)]  # HERE / an absolute path: that path
+            if front:
+                env["PYTHONPATH"] = os.pathsep.join([*front, env["PYTHONPATH"]])
             res = subprocess.run(cmd, cwd=cwd, env=env,
                                  capture_output=True, text=True, timeout=args.timeout or case.timeout)
             out = res.stdout + "\n" + res.stderr
