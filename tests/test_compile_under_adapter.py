@@ -87,3 +87,25 @@ def test_a_compiled_model_is_not_recompiled_when_the_aggressive_session_is_enter
     assert first >= 1, "the aggressive level compiled nothing"
     assert later == [first] * len(later), f"recompiled when the session was entered again: {got['graphs']}"
     assert got["breaks"] == 0
+
+
+def test_cuda_graphs_asked_for_by_inductors_global_config_are_off_on_the_target(tmp_path):
+    """gpt-fast sets torch._inductor.config.triton.cudagraphs = True at import: every compile then
+    captured CUDA graphs on the CPU target and failed in inductor ('module torch._C has no attribute
+    _cuda_cudaCachingAllocator_is_enabled'). Found by the real-program run (gpt-fast generate.py --compile)."""
+    script = tmp_path / "global_cudagraphs.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch_adapter
+        torch_adapter.install(target="cpu")
+        import torch._inductor.config
+        torch._inductor.config.triton.cudagraphs = True
+        x = torch.randn(4, device="cuda")
+        for mode in (None, "reduce-overhead"):
+            fn = torch.compile(lambda t: t.sin() + 1, fullgraph=True, **({"mode": mode} if mode else {}))
+            torch.testing.assert_close(fn(x), x.sin() + 1)
+        rows = [e.asked for e in torch_adapter.current().redirect_log.entries()]
+        assert any("triton.cudagraphs = True" in r for r in rows), rows
+        print("OK")
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]

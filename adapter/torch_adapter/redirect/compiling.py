@@ -57,6 +57,22 @@ def prepare(session: Any) -> None:
     p.before_restore(lambda values: tp.forget_dynamo_tables({id(v) for v in values if callable(v)}))
 
 
+def _no_global_cudagraphs(kwargs: dict[str, Any], session: Any, log: Any) -> None:
+    """``torch._inductor.config.triton.cudagraphs = True`` set by the program (gpt-fast's eval.py
+    does at import): inductor would capture CUDA graphs for every compile whose mode keeps the
+    global config, and fails on the target (it asks the CUDA caching allocator, which a CPU
+    build lacks). Off for this compile, by its ``options`` (mode ``"default"`` is the same as none)."""
+    import sys
+
+    config = sys.modules.get("torch._inductor.config")
+    if config is None or not getattr(config.triton, "cudagraphs", False) or kwargs.get("mode") not in (None, "default"):
+        return
+    kwargs.pop("mode", None)
+    kwargs["options"] = {**(kwargs.get("options") or {}), "triton.cudagraphs": False}
+    log.record("compile", "torch._inductor.config.triton.cudagraphs = True",
+               f"cudagraphs off for this torch.compile (no CUDA graphs on {session.target.device_type})", depth=4)
+
+
 def apply(session: Any) -> None:
     if session.target.device_type == "cuda":
         return
@@ -79,6 +95,7 @@ def apply(session: Any) -> None:
         if isinstance(options, dict) and options.get("triton.cudagraphs"):
             log.record("compile", "torch.compile(options={'triton.cudagraphs': True})", "cudagraphs off", depth=3)
             kwargs["options"] = {k: v for k, v in options.items() if k != "triton.cudagraphs"}
+        _no_global_cudagraphs(kwargs, session, log)
         return orig(model, *args, **kwargs)
 
     p.set(torch, "compile", compile)
