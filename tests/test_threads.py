@@ -166,3 +166,39 @@ def test_a_probe_in_progress_on_one_thread_is_no_cycle_for_another():
         self_decomp._PROBING.now.discard(key)
         self_decomp.calls_itself.cache_clear()
     assert answers == [True]
+
+
+def test_redirect_log_is_read_while_threads_record():
+    """RedirectLog.entries()/summary() iterated the live dict: a thread recording a new row meanwhile
+    raised 'dictionary changed size during iteration' in the reader."""
+    import threading
+
+    from torch_adapter.redirect.log import RedirectLog
+
+    log = RedirectLog()
+    stop = threading.Event()
+
+    def writer(tag: str) -> None:
+        i = 0
+        while not stop.is_set() and i < 200_000:
+            log.record("device", f"{tag}-{i}", "cpu", depth=1)
+            i += 1
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in "ab"]
+    for t in threads:
+        t.start()
+    errors = []
+    try:
+        for _ in range(300):
+            try:
+                log.summary()
+                log.entries()
+            except RuntimeError as exc:
+                errors.append(exc)
+                break
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    assert log.summary()["device"] == len(log)

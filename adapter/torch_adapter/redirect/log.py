@@ -82,18 +82,24 @@ class RedirectLog:
         with self._lock:
             self._rows.setdefault(key, RedirectEntry("<install>", 0, "", kind, asked, became, 0)).count += 1
 
+    def _snapshot(self) -> list[RedirectEntry]:
+        with self._lock:  # other threads record meanwhile: never iterate the live dict
+            return list(self._rows.values())
+
     def entries(self) -> list[RedirectEntry]:
-        return sorted(self._rows.values(), key=lambda e: (e.file, e.line, e.asked))
+        return sorted(self._snapshot(), key=lambda e: (e.file, e.line, e.asked))
 
     def __len__(self) -> int:
-        return len(self._rows)
+        with self._lock:
+            return len(self._rows)
 
     def clear(self) -> None:
-        self._rows.clear()
+        with self._lock:
+            self._rows.clear()
 
     def summary(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for e in self._rows.values():
+        for e in self._snapshot():
             out[e.kind] = out.get(e.kind, 0) + e.count
         return out
 
