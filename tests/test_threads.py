@@ -202,3 +202,43 @@ def test_redirect_log_is_read_while_threads_record():
             t.join()
     assert not errors, errors
     assert log.summary()["device"] == len(log)
+
+
+def test_trace_in_a_simulated_session_counts_the_ops_of_threads_started_in_the_block():
+    """trace() (recorder mode) counted 0 of 40 mm made by two worker threads; a pool thread that
+    outlived the block kept recording into its log."""
+    import threading
+
+    torch_adapter.install(target="mps", simulate=True)
+    a = torch.randn(8, 8, device="cuda")
+    go_on, done = threading.Event(), threading.Event()
+
+    def work():
+        for _ in range(20):
+            torch.mm(a, a)
+
+    def pool():  # started in the block, used after it
+        work()
+        go_on.wait(60)
+        work()
+        done.set()
+
+    with torch_adapter.trace(use_observer=False) as log:
+        threads = [threading.Thread(target=work) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        lingering = threading.Thread(target=pool)
+        lingering.start()
+        import time
+
+        deadline = time.monotonic() + 30
+        while log.summary()["native"] < 60 and time.monotonic() < deadline:
+            threading.Event().wait(0.01)
+    counted = log.summary()["native"]
+    go_on.set()
+    done.wait(60)
+    lingering.join()
+    assert counted == 60, log.summary()  # 2 × 20 + the pool thread's first 20 mm
+    assert log.summary()["native"] == 60, "a thread outliving the block kept recording into its log"

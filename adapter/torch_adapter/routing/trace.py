@@ -46,8 +46,8 @@ def _recorder_class() -> type:
             self._decisions: dict[Any, Any] = {}
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            if internal_active():  # torch_adapter's own work (routing/internal.py): not the user's ops
-                return func(*args, **(kwargs or {}))
+            if not self.logs or internal_active():  # no block listening (a followed thread that outlived
+                return func(*args, **(kwargs or {}))  # its trace()), or torch_adapter's own work: not recorded
             d = self._decisions.get(func)
             if d is None:
                 d = self._decisions[func] = self.decide(func.name())
@@ -172,7 +172,7 @@ def _add_engine_record(log: RoutingLog, rec: Any, observed: dict[str, int]) -> N
 
 
 @contextlib.contextmanager
-def trace(*, use_observer: bool | None = None, threads: bool = False) -> Iterator[RoutingLog]:
+def trace(*, use_observer: bool | None = None, threads: bool | None = None) -> Iterator[RoutingLog]:
     """Record how each aten op in the block was routed; yields the :class:`RoutingLog`.
 
     >>> with torch_adapter.trace() as log:
@@ -182,8 +182,9 @@ def trace(*, use_observer: bool | None = None, threads: bool = False) -> Iterato
 
     ``use_observer``: None uses the observer when it is available, False forces the
     recorder mode (slower; call sites for every op, not only for the engine's).
-    ``threads=True`` (recorder mode) also records the threads started inside the block
-    (the recorder is a per-thread dispatch mode; ``torch-adapter run --report`` uses it).
+    ``threads`` (recorder mode; default: on) also records the threads started inside the block
+    (the recorder is a per-thread dispatch mode; ``torch-adapter run --report`` uses it); a thread
+    that outlives the block records nothing more. The observer sees every thread anyway.
     """
     from .._state import current
     from ..target import resolve
@@ -221,7 +222,7 @@ def trace(*, use_observer: bool | None = None, threads: bool = False) -> Iterato
                                 duration_s=round(time.perf_counter() - t0, 6))
         else:
             with _recording(log, engine, decide, key), (_following_threads(log, engine, decide, key)
-                                                        if threads else contextlib.nullcontext()):
+                                                        if threads is not False else contextlib.nullcontext()):
                 yield log
     finally:
         _ACTIVE[:] = [x for x in _ACTIVE if x is not log]
@@ -250,6 +251,7 @@ def _following_threads(log: RoutingLog, engine: Any, decide: Any, key: Any) -> I
 
     previous = threading.getprofile()
     open_ = [True]
+    followed: list[Any] = []
 
     def start(frame: Any, event: str, arg: Any) -> None:
         sys.setprofile(previous)
@@ -260,6 +262,7 @@ def _following_threads(log: RoutingLog, engine: Any, decide: Any, key: Any) -> I
             recorder.logs = [log]
             state.recorder = recorder
             recorder.__enter__()  # the thread's dispatch-mode stack ends with the thread
+            followed.append(recorder)
         except Exception:  # instrumentation never breaks the user's thread
             return
 
@@ -269,6 +272,8 @@ def _following_threads(log: RoutingLog, engine: Any, decide: Any, key: Any) -> I
     finally:
         open_[0] = False
         threading.setprofile(previous)
+        for recorder in followed:  # a thread that outlives the block (a pool) records no more into it
+            recorder.logs = []
 
 
 @contextlib.contextmanager
