@@ -126,18 +126,22 @@ def test_activation_checkpointing_of_listed_blocks_keeps_gradients():
 def test_ddp_bucket_size_is_passed_to_the_scripts_wrapper(tmp_path):
     import torch.distributed as dist
 
+    ddp_class = nn.parallel.DistributedDataParallel
+    original = vars(ddp_class)["__init__"]
     torch_adapter.install(target="cpu", communication_bucket_size=7, memory_strategy="reuse")
+    under = vars(ddp_class)["__init__"].__wrapped__  # the session's other DDP patch, under the layer's
     dist.init_process_group("nccl", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
     try:
         ddp = nn.parallel.DistributedDataParallel(nn.Linear(4, 4))
         assert ddp.bucket_bytes_cap == 7 * 1024 * 1024 and ddp.gradient_as_bucket_view
         own = nn.parallel.DistributedDataParallel(nn.Linear(4, 4), bucket_cap_mb=3)
         assert own.bucket_bytes_cap == 3 * 1024 * 1024  # the script's own choice wins
+        torch_adapter.configure(communication_bucket_size=None, memory_strategy="default")
+        assert vars(ddp_class)["__init__"] is under  # the layer's wrapper is off, by identity (wraps copies names)
     finally:
         dist.destroy_process_group()
         torch_adapter.uninstall()
-    assert "__init__" not in vars(nn.parallel.DistributedDataParallel) or \
-        nn.parallel.DistributedDataParallel.__init__.__module__ == "torch.nn.parallel.distributed"
+    assert vars(ddp_class)["__init__"] is original
 
 
 def test_mixed_precision_autocast_only_where_the_target_computes_it_fast():
