@@ -76,6 +76,12 @@ def _check_error(c: Any) -> None:
         c.check_error(2)
 
 
+def _caching_allocator_disabled(c: Any) -> None:
+    with c.caching_allocator_disabled() as got:  # accepted: allocations go on as before
+        t = torch.ones(4, device="cuda")
+    assert got is None and t.device.type == "cpu" and t.sum().item() == 4.0
+
+
 def _device(c: Any) -> None:
     with c.device(0):
         assert c.current_device() == 0
@@ -269,7 +275,7 @@ EXPECT: dict[str, Check] = {
         "IntStorage": torch.int32, "LongStorage": torch.int64, "ShortStorage": torch.int16}.items()},
     "Event": _event, "Stream": _stream, "StreamContext": _stream_context, "amp": _amp,
     "caching_allocator_enable": _none("caching_allocator_enable", True),
-    "caching_allocator_disabled": lambda c: c.caching_allocator_disabled().__enter__() is None or True,
+    "caching_allocator_disabled": _caching_allocator_disabled,
     "can_device_access_peer": _is("can_device_access_peer", False, 0, 0),
     "check_error": _check_error,
     "current_device": lambda c: (c.set_device(0), _is("current_device", 0)(c)),
@@ -330,7 +336,7 @@ EXPECT: dict[str, Check] = {
 
 # Names whose promised CPU answer plain CPU torch gives too (so their check cannot tell the two apart).
 SAME = {"get_arch_list", "get_gencode_flags", "has_magma", "has_half", "is_tf32_supported",
-        "initial_seed", "check_error", "caching_allocator_disabled", "host_memory_stats_as_nested_dict"}
+        "initial_seed", "check_error", "host_memory_stats_as_nested_dict"}
 
 
 def _is_tuple(got: Any, want: tuple) -> None:

@@ -126,18 +126,22 @@ def test_activation_checkpointing_of_listed_blocks_keeps_gradients():
 def test_ddp_bucket_size_is_passed_to_the_scripts_wrapper(tmp_path):
     import torch.distributed as dist
 
+    ddp_class = nn.parallel.DistributedDataParallel
+    original = vars(ddp_class)["__init__"]
     torch_adapter.install(target="cpu", communication_bucket_size=7, memory_strategy="reuse")
+    under = vars(ddp_class)["__init__"].__wrapped__  # the session's other DDP patch, under the layer's
     dist.init_process_group("nccl", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
     try:
         ddp = nn.parallel.DistributedDataParallel(nn.Linear(4, 4))
         assert ddp.bucket_bytes_cap == 7 * 1024 * 1024 and ddp.gradient_as_bucket_view
         own = nn.parallel.DistributedDataParallel(nn.Linear(4, 4), bucket_cap_mb=3)
         assert own.bucket_bytes_cap == 3 * 1024 * 1024  # the script's own choice wins
+        torch_adapter.configure(communication_bucket_size=None, memory_strategy="default")
+        assert vars(ddp_class)["__init__"] is under  # the layer's wrapper is off, by identity (wraps copies names)
     finally:
         dist.destroy_process_group()
         torch_adapter.uninstall()
-    assert "__init__" not in vars(nn.parallel.DistributedDataParallel) or \
-        nn.parallel.DistributedDataParallel.__init__.__module__ == "torch.nn.parallel.distributed"
+    assert vars(ddp_class)["__init__"] is original
 
 
 def test_mixed_precision_autocast_only_where_the_target_computes_it_fast():
@@ -209,3 +213,185 @@ def test_aggressive_compiles_the_scripts_model_once_with_the_same_losses():
     assert len(notes) == 1 and "compiled Sequential's forward in" in notes[0]
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
     assert "forward" not in model.__dict__
+
+
+# --- issue 21: the compiled-model table, failed undos, activation checkpointing, register forms ---
+def test_an_aggressive_model_is_freed_once_the_session_and_the_program_drop_it():
+    import gc
+    import weakref
+
+    with torch_adapter.adapted(target="cpu", optimization_level="aggressive"):
+        model = nn.Linear(4, 4)
+        model(torch.randn(2, 4))  # adopted: its forward is torch.compile'd (lazily: nothing compiles yet)
+        assert model in optimizing._COMPILED
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None, gc.get_referrers(ref())
+
+
+def test_other_fusion_options_compile_their_own_forward():
+    model = HandAttention()
+    with torch_adapter.adapted(target="cpu", optimization_level="aggressive", mixed_precision="fp32"):
+        model(torch.randn(2, 5, 16))
+        plain = model.__dict__["forward"].__wrapped__  # what torch.compile was given
+        assert plain.__func__ is HandAttention.forward
+    with torch_adapter.adapted(target="cpu", optimization_level="aggressive", mixed_precision="fp32",
+                               fusion_patterns=["attention_blocks"]):
+        model(torch.randn(2, 5, 16))
+        fused = model.__dict__["forward"].__wrapped__
+        assert getattr(fused, "__func__", None) is not HandAttention.forward  # the fx-rewritten forward
+    assert len(optimizing._COMPILED[model]) == 2
+
+
+class Switchable(nn.Module):
+    """A model with its own gradient-checkpointing switch (as diffusers' models have)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.lin, self.fail, self.is_gradient_checkpointing = nn.Linear(4, 4), fail, False
+
+    def forward(self, x):
+        return self.lin(x)
+
+    def enable_gradient_checkpointing(self):
+        self.is_gradient_checkpointing = True
+
+    def disable_gradient_checkpointing(self):
+        if self.fail:
+            raise RuntimeError("the switch is stuck")
+        self.is_gradient_checkpointing = False
+
+
+def test_a_failed_undo_is_raised_after_everything_else_is_undone():
+    from torch_adapter.errors import RestoreError
+
+    torch_adapter.install(target="cpu", gradient_checkpointing=True)
+    first, stuck = Switchable(), Switchable(fail=True)
+    first(torch.randn(2, 4)), stuck(torch.randn(2, 4))
+    assert first.is_gradient_checkpointing and stuck.is_gradient_checkpointing
+    with pytest.raises(RestoreError, match=r"1 failed \(optimization gradient_checkpointing of Switchable: "
+                                           r"RuntimeError: the switch is stuck\)"):
+        torch_adapter.uninstall()
+    assert not first.is_gradient_checkpointing  # undone after the failure (adopted first, undone last)
+
+
+def test_what_the_script_changed_back_itself_is_left_as_it_is():
+    torch_adapter.install(target="cpu", optimization_level="balanced", fusion_patterns=["attention_blocks"])
+    model, x = HandAttention(), torch.randn(2, 5, 16)
+    opt = torch.optim.AdamW(model.parameters())
+    _step(model, opt, x)
+    assert "forward" in model.__dict__ and opt.param_groups[0]["fused"] is True
+
+    def own(x):
+        return x
+
+    model.forward = own  # the script's own choices after the layer's
+    opt.param_groups[0]["fused"] = False
+    torch_adapter.uninstall()  # no error: nothing failed
+    assert model.__dict__["forward"] is own and opt.param_groups[0]["fused"] is False
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x))
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.layers = nn.Linear(8, 8), nn.ModuleList(Block() for _ in range(3))
+
+    def forward(self, x):
+        x = self.inp(x)
+        for layer in self.layers:
+            x = layer(x)
+        return x.sum()
+
+
+@pytest.mark.parametrize("option", [True, [Block], ["Block"]], ids=["True", "class", "name"])
+def test_activation_checkpointing_recomputes_the_blocks_in_backward(option):
+    torch.manual_seed(0)
+    model, x = Stack(), torch.randn(2, 8)
+    calls = {"inp": 0, "lin": 0}
+    model.inp.register_forward_hook(lambda *_: calls.__setitem__("inp", calls["inp"] + 1))
+    for block in model.layers:
+        block.lin.register_forward_hook(lambda *_: calls.__setitem__("lin", calls["lin"] + 1))
+    model(x).backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    torch_adapter.install(target="cpu", activation_checkpointing=option)
+    model(x)  # adopted at its first call
+    calls.update(inp=0, lin=0)
+    model(x).backward()
+    assert calls == {"inp": 1, "lin": 6}  # each block's forward ran again in backward; the rest once
+    assert [r["site"] for r in optimizing.applied() if r["what"] == "activation_checkpointing"] == \
+        ["layers.0", "layers.1", "layers.2"]
+    model.zero_grad()
+    model(x).backward()
+    for p, g in zip(model.parameters(), plain):
+        torch.testing.assert_close(p.grad, g)
+
+
+def _layer_norm_by_hand(row, weight, bias, eps):
+    mean = sum(row) / len(row)
+    var = sum((v - mean) ** 2 for v in row) / len(row)
+    return [(v - mean) / (var + eps) ** 0.5 * w + b for v, w, b in zip(row, weight, bias)]
+
+
+def test_optimize_register_takes_the_functional_form_with_the_modules_attributes():
+    torch_adapter.install(target="cpu")
+
+    @optimize.register(torch.nn.LayerNorm)
+    def custom_layernorm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+        mean = input.mean(-1, keepdim=True)
+        var = input.var(-1, keepdim=True, unbiased=False)
+        assert normalized_shape == (4,)
+        return (input - mean) / torch.sqrt(var + eps) * weight + bias
+
+    ln = nn.LayerNorm(4, eps=1e-2)
+    with torch.no_grad():
+        ln.weight.copy_(torch.tensor([1.0, 2.0, 0.5, -1.0]))
+        ln.bias.copy_(torch.tensor([0.0, 0.5, -0.5, 1.0]))
+    row = [1.0, 2.0, 4.0, 8.0]
+    got = ln(torch.tensor([row]))
+    torch.testing.assert_close(got, torch.tensor([_layer_norm_by_hand(row, [1, 2, 0.5, -1], [0, 0.5, -0.5, 1], 1e-2)]))
+
+
+def test_optimize_register_takes_the_forward_form():
+    torch_adapter.install(target="cpu")
+
+    @optimize.register(torch.nn.LayerNorm)
+    def plus_one(module, x):
+        return torch.nn.functional.layer_norm(x, module.normalized_shape, module.weight, module.bias, module.eps) + 1
+
+    row = [0.0, 1.0, 3.0, 4.0]
+    want = [v + 1 for v in _layer_norm_by_hand(row, [1] * 4, [0] * 4, 1e-5)]
+    torch.testing.assert_close(nn.LayerNorm(4)(torch.tensor([row])), torch.tensor([want]))
+
+
+def test_optimize_register_refuses_a_replacement_of_neither_form_before_patching():
+    from torch_adapter.errors import UsageError
+
+    torch_adapter.install(target="cpu")
+    original = nn.LayerNorm.forward
+
+    def bad(input, weight, scale):
+        return input * scale
+
+    with pytest.raises(UsageError, match=r"(?s)optimize.register\('LayerNorm', \.\.\.\): expected the forward form "
+                                         r"fn\(module, input\) or the functional form .* among \['normalized_shape', "
+                                         r"'eps', .*got bad\(input, weight, scale\).*Why: .*Fix: "):
+        optimize.register(nn.LayerNorm, bad)
+    with pytest.raises(UsageError, match=r"expected the forward form.*got lonely\(module\)"):
+        def lonely(module):
+            return module
+
+        optimize.register(nn.LayerNorm)(lonely)  # no place for forward's input
+    with pytest.raises(UsageError, match=r"expected an nn.Module subclass.*got <class 'int'>"):
+        optimize.register(int, bad)
+    assert nn.LayerNorm.forward is original and optimize.registered() == []

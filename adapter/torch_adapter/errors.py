@@ -4,6 +4,7 @@
 
     AdapterError (Exception)            everything below; catch this to catch all
     ├── UsageError (+ ValueError)       a call with bad arguments (unknown option, bad value)
+    │   └── RegistrationError           a duplicate or invalid register_* call
     ├── TargetError (+ RuntimeError)    a target that is unknown or not on this machine
     ├── UnsupportedCudaFeature (+ RuntimeError)
     │                                   a CUDA-only feature the target cannot provide
@@ -13,8 +14,6 @@
     │                                   too (host sync, data-dependent shape); defined there
     │                                   because it derives from a torch class
     ├── ProfileError (+ ValueError)     a capability profile file that is malformed
-    ├── RegistrationError (+ ValueError)
-    │                                   a duplicate or invalid register_* call
     ├── FallbackError (+ RuntimeError)  fallback policy "error" met an op the target lacks
     ├── CheckError (+ RuntimeError)     the `check` command cannot read its input
     ├── RestoreError (+ RuntimeError)   undoing a session failed somewhere (everything else
@@ -81,8 +80,9 @@ class ProfileError(AdapterError, ValueError):
     """A capability profile (TOML) that cannot be used."""
 
 
-class RegistrationError(AdapterError, ValueError):
-    """A register_fallback / register_accelerated / optimize.register call that is invalid."""
+class RegistrationError(UsageError):
+    """A register_fallback / register_accelerated / optimize.register call that is invalid
+    (a usage error: catching UsageError catches it too)."""
 
 
 class FallbackError(AdapterError, RuntimeError):

@@ -20,7 +20,9 @@ option                      what happens to the script's objects
                             (matmul/bmm/@/einsum) runs as ``scaled_dot_product_attention``
                             (:mod:`._fusion`); each rewrite is listed in ``trace()``'s log
 ``gradient_checkpointing``  the model's own switch (diffusers/transformers), else a warning
-``activation_checkpointing`` listed block classes run under ``torch.utils.checkpoint``
+``activation_checkpointing`` listed block classes run under ``torch.utils.checkpoint``; ``True``:
+                            the model's own switch, else every block of its
+                            ``nn.ModuleList``/``nn.Sequential`` containers (:func:`_blocks`)
 ``memory_strategy``         ``reuse``: DDP ``gradient_as_bucket_view=True``; ``aggressive``:
                             reuse + gradient checkpointing
 ``communication_bucket_size`` DDP ``bucket_cap_mb`` (unless the script passes its own)
@@ -30,8 +32,10 @@ Mechanism apart from data: models are found by one global forward pre-hook (the 
 module called that is not inside an adopted one is a model), optimizers by a global
 optimizer step pre-hook, DDP by wrapping its ``__init__``. Every change is recorded with
 its undo; a suspended session takes them off and puts them back on resume; ``uninstall()``
-undoes them all (instance attributes deleted, optimizer flags restored). What was applied:
-:func:`applied`.
+undoes them all (instance attributes deleted, optimizer flags restored). An undo finds what the
+script already changed back itself (its own ``forward``, its own optimizer flags) and leaves it;
+any other failure does not stop the rest, and one ``RestoreError`` names them all at the end.
+What was applied: :func:`applied`.
 """
 
 from __future__ import annotations
@@ -54,9 +58,11 @@ class OptimizeWarning(UserWarning):
 
 
 _FUSED_DEVICES = ("cpu", "cuda", "mps", "xpu")  # torch 2.13's fused Adam/AdamW/SGD kernels
-# model -> {(device, autocast dtype): its compiled forward}: one torch.compile per model, so a
-# model adopted again by a later session (or after a resume) does not trace and compile again
-_COMPILED: "weakref.WeakKeyDictionary[Any, dict[Any, Any]]" = weakref.WeakKeyDictionary()
+# model -> the option sets its forward was compiled under (their first-call note is given once).
+# Nothing here refers to the model (a value that did would keep its weak key alive forever):
+# dynamo keeps the compiled graphs on the forward's code object, so a model adopted again by a
+# later session (or after a resume) under the same options reuses them without this table.
+_COMPILED: "weakref.WeakKeyDictionary[Any, set[tuple[Any, ...]]]" = weakref.WeakKeyDictionary()
 
 
 def native_low_precision(device_type: str) -> Any:
@@ -106,7 +112,7 @@ class _Layer:
         self.hooks: list[Any] = []
         self.known: "weakref.WeakSet[Any]" = weakref.WeakSet()  # modules inside adopted models
         self.optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()  # optimizers seen
-        self.undos: list[Any] = []  # newest last
+        self.undos: list[tuple[str, Any]] = []  # (what, undo), newest last
         self.applied: list[dict[str, Any]] = []
         self.lock = threading.RLock()
         self.on = False
@@ -130,20 +136,31 @@ class _Layer:
         self.on = True
 
     def stop(self) -> None:
-        """Undo everything, newest first; the layer can start again (resume)."""
+        """Undo everything, newest first; the layer can start again (resume). An undo that
+        fails does not stop the others: one RestoreError names every failure at the end."""
+        from .errors import RestoreError
+
+        failures: list[tuple[str, BaseException]] = []
         with self.lock:
             while self.hooks:
-                self.hooks.pop().remove()
-            while self.undos:
+                hook = self.hooks.pop()
                 try:
-                    self.undos.pop()()
-                except Exception:  # an object the script already changed back: nothing to undo
-                    pass
+                    hook.remove()
+                except Exception as exc:  # keep undoing; reported below
+                    failures.append((f"optimization hook {type(hook).__name__}", exc))
+            while self.undos:
+                what, undo = self.undos.pop()
+                try:
+                    undo()  # returns quietly where the script already changed the object back
+                except Exception as exc:
+                    failures.append((f"optimization {what}", exc))
             self.known, self.optimizers = weakref.WeakSet(), weakref.WeakSet()
             self.on = False
+        if failures:
+            raise RestoreError(failures) from failures[0][1]
 
     def _record(self, what: str, obj: Any, undo: Any, **extra: Any) -> None:
-        self.undos.append(undo)
+        self.undos.append((f"{what} of {type(obj).__name__}", undo))
         self.applied.append({"what": what, "object": type(obj).__name__, **extra})
 
     # -- models ------------------------------------------------------------------------------
@@ -179,9 +196,13 @@ class _Layer:
             return
         if p["gradient_checkpointing"]:
             self._checkpointing(model)
-        for name, sub in model.named_modules():
-            if p["activation_checkpointing"] and _listed(sub, p["activation_checkpointing"]):
-                self._set_forward(sub, _checkpointed(_forward_of(sub)), "activation_checkpointing", site=name)
+        listed = p["activation_checkpointing"]
+        if listed == ("*",):  # True: the model's own switch, else the blocks of its containers
+            blocks = [] if self._checkpointing(model, warn=False) else _blocks(model)
+        else:
+            blocks = [(name, sub) for name, sub in model.named_modules() if listed and _listed(sub, listed)]
+        for name, sub in blocks:
+            self._set_forward(sub, _checkpointed(_forward_of(sub)), "activation_checkpointing", site=name)
         if p["channels_last"] and any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
             model.to(memory_format=torch.channels_last)
             self._record("channels_last", model, lambda m=weakref.ref(model): m() and m().to(
@@ -203,8 +224,8 @@ class _Layer:
 
         def undo() -> None:
             m = ref()
-            if m is None:
-                return
+            if m is None or m.__dict__.get("forward") is not forward:
+                return  # gone, or the script set a forward of its own since: it stays
             if had:
                 m.forward = before
             else:
@@ -215,12 +236,14 @@ class _Layer:
     def _compiled(self, model: Any, forward: Any) -> Any:
         import torch
 
-        key = (self.session().target.device_type, self.plan["autocast"])
-        cache = _COMPILED.setdefault(model, {})
-        if key in cache:  # adopted again (a later session, a resume): dynamo's graphs are reused
-            return cache[key]
-        compiled = torch.compile(forward)
-        first = [True]
+        p = self.plan
+        key = (self.session().target.device_type, p["autocast"], p["fusion"], p["activation_checkpointing"],
+               p["gradient_checkpointing"])
+        done = _COMPILED.setdefault(model, set())
+        compiled = torch.compile(forward)  # lazy; dynamo reuses its graphs for a forward it compiled
+        first = [key not in done]
+        done.add(key)
+        name = type(model).__name__  # the wrapper holds no reference to the model but through forward
 
         @functools.wraps(forward)
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -229,27 +252,29 @@ class _Layer:
             first[0] = False
             t0 = time.perf_counter()
             out = compiled(*args, **kwargs)
-            warnings.warn(f"torch_adapter (optimization_level='aggressive'): compiled {type(model).__name__}'s "
+            warnings.warn(f"torch_adapter (optimization_level='aggressive'): compiled {name}'s "
                           f"forward in {time.perf_counter() - t0:.1f} s (first call; the backward compiles at the "
                           f"first backward). Later steps reuse it", OptimizeWarning, stacklevel=2)
             return out
 
-        cache[key] = run
         return run
 
-    def _checkpointing(self, model: Any) -> None:
+    def _checkpointing(self, model: Any, warn: bool = True) -> bool:
         for on, off in (("enable_gradient_checkpointing", "disable_gradient_checkpointing"),
                         ("gradient_checkpointing_enable", "gradient_checkpointing_disable")):
             if callable(getattr(model, on, None)):
                 was = bool(getattr(model, "is_gradient_checkpointing", False))
                 getattr(model, on)()
                 if not was:
-                    self._record("gradient_checkpointing", model, lambda m=weakref.ref(model), f=off:
-                                 m() is not None and getattr(m(), f)())
-                return
+                    self._record("gradient_checkpointing", model, functools.partial(_switch_off, weakref.ref(model),
+                                                                                   off))
+                return True
+        if not warn:
+            return False
         warnings.warn(f"torch_adapter: gradient_checkpointing: {type(model).__name__} has no gradient-checkpointing "
                       f"switch; list its block classes in configure(activation_checkpointing=[...]) instead",
                       OptimizeWarning, stacklevel=5)
+        return False
 
     # -- optimizers ------------------------------------------------------------------------------
     def _adopt_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -273,7 +298,8 @@ class _Layer:
 
             def undo() -> None:
                 for group, foreach, fused in changed:
-                    group["foreach"], group["fused"] = foreach, fused
+                    if group.get(flag) is True:  # else the script chose its kernel since: it stays
+                        group["foreach"], group["fused"] = foreach, fused
 
             self._record(f"optimizer:{flag}", optimizer, undo)
 
@@ -293,7 +319,8 @@ class _Layer:
         ddp.__init__ = __init__  # type: ignore[method-assign]
 
         def undo() -> None:
-            ddp.__init__ = original  # type: ignore[method-assign]
+            if ddp.__dict__.get("__init__") is __init__:  # else replaced since by the script: it stays
+                ddp.__init__ = original  # type: ignore[method-assign]
 
         self._record("ddp", ddp, undo, bucket_cap_mb=p["bucket_cap_mb"])
 
@@ -334,6 +361,22 @@ def _forward_of(module: Any) -> Any:
 def _listed(module: Any, names: tuple[str, ...]) -> bool:
     cls = type(module)
     return f"{cls.__module__}.{cls.__qualname__}" in names or cls.__name__ in names
+
+
+def _switch_off(ref: Any, off: str) -> None:
+    model = ref()
+    if model is not None and getattr(model, "is_gradient_checkpointing", True):  # else switched off already
+        getattr(model, off)()
+
+
+def _blocks(module: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """The elements (with parameters) of the outermost ``nn.ModuleList``/``nn.Sequential``
+    containers under ``module``: a transformer's layers, a ResNet stage's blocks."""
+    import torch
+
+    if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+        return [(prefix + n, c) for n, c in module.named_children() if next(c.parameters(), None) is not None]
+    return [b for n, c in module.named_children() for b in _blocks(c, f"{prefix}{n}.")]
 
 
 def _checkpointed(forward: Any) -> Any:

@@ -3,11 +3,18 @@ decorator ``@optimize.register(torch.nn.LayerNorm)`` above ``def fast_forward(mo
 (the name is then bound to the handle).
 
 While the adapter is installed, every instance of the class — existing and new — runs the
-replacement ``forward``. The replacement is either a function ``fn(module, *args,
-**kwargs)`` (called with the instance as ``module``) or an ``nn.Module`` subclass whose
-``forward`` is used with the original instance as ``self`` (so it may read the instance's
-parameters, e.g. a LayerNorm subclass). Subclasses of the registered class that define
-their own ``forward`` are left alone.
+replacement ``forward``. The replacement is one of, decided from its signature at registration:
+
+- the forward form ``fn(module, x, ...)``: called as the class's ``forward`` with the instance
+  as ``module`` (its parameters bind the instance and ``forward``'s inputs);
+- the functional form ``fn(input, normalized_shape, weight=None, bias=None, eps=1e-5)``: the
+  first parameter is the input and every other one is named after an attribute of the module
+  (those ``forward`` reads as ``self.<name>``, and ``__constants__``), filled from the instance
+  at each call — as ``torch.nn.functional.layer_norm`` is written;
+- an ``nn.Module`` subclass whose ``forward`` is used with the original instance as ``self``.
+
+A function that fits neither form is a ``RegistrationError`` (a ``UsageError``) before anything
+is patched. Subclasses of the registered class that define their own ``forward`` are left alone.
 
 Each call returns a handle with ``.remove()``; ``uninstall()`` removes them all;
 registering a class twice is a RegistrationError. Inside ``trace()`` each replaced call
@@ -17,7 +24,10 @@ mode (``trace(use_observer=False)``) the ops of the replacement are listed as it
 
 from __future__ import annotations
 
+import ast
 import functools
+import inspect
+import textwrap
 import time
 from typing import Any, Callable
 
@@ -31,7 +41,7 @@ def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _forward_of(replacement: Any, call: str) -> Callable[..., Any]:
+def _forward_of(replacement: Any, call: str, module_cls: type) -> Callable[..., Any]:
     import torch
 
     if isinstance(replacement, type) and issubclass(replacement, torch.nn.Module):
@@ -43,7 +53,62 @@ def _forward_of(replacement: Any, call: str) -> Callable[..., Any]:
             f"{replacement!r} ({type(replacement).__name__})",
             why="the replacement runs as the forward of every instance of the class",
             fix="pass a function, or the class (not an instance) whose forward to use"))
-    return replacement
+    return _by_signature(replacement, call, module_cls)
+
+
+def _attributes(module_cls: type) -> list[str]:
+    """The attributes a functional form may name: ``self.<name>`` read in the class's
+    ``forward`` (as ``F.layer_norm(input, self.normalized_shape, self.weight, ...)``) and the
+    class's ``__constants__``."""
+    names = [n for c in module_cls.__mro__ for n in getattr(c, "__constants__", ())]
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(module_cls.forward)))
+    except (OSError, TypeError, SyntaxError):  # no Python source: the constants alone
+        tree = None
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            names.append(node.attr)
+    return list(dict.fromkeys(n for n in names if not n.startswith("_")))
+
+
+def _by_signature(fn: Callable[..., Any], call: str, module_cls: type) -> Callable[..., Any]:
+    """``fn`` as a forward ``(self, *args, **kwargs)``: the forward form as it is, the functional
+    form with its attribute parameters filled from the instance; neither: RegistrationError."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a C function: called as fn(module, *args)
+        return fn
+    params = list(sig.parameters.values())
+    attrs = _attributes(module_cls)
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if len(params) > 1 and params[0].kind in positional and all(
+            p.kind is not p.VAR_POSITIONAL and p.kind is not p.VAR_KEYWORD and p.name in attrs for p in params[1:]):
+        return _functional(fn, [p.name for p in params[1:]])
+    inputs = [p for p in list(inspect.signature(module_cls.forward).parameters.values())[1:]
+              if p.default is p.empty and p.kind in positional]
+    try:
+        sig.bind(module_cls, *inputs)
+    except TypeError as exc:
+        shown = ", ".join(p.name for p in params)
+        foreign = [p.name for p in params[1:] if p.name not in attrs] or ["no attribute after the input"]
+        raise RegistrationError(format_error(
+            call, f"the forward form fn(module, {', '.join(p.name for p in inputs) or '...'}) or the functional "
+                  f"form fn(input, <attributes of {module_cls.__name__}>) with attributes among {attrs}",
+            f"{getattr(fn, '__name__', fn)}({shown}) (as the functional form: {', '.join(foreign)} not among the "
+            f"attributes; as the forward form: {exc})",
+            why=f"the replacement runs as {module_cls.__name__}.forward: its parameters must take the instance "
+                "and forward's inputs, or the input and the module's attributes by name",
+            fix=f"name the parameters after {module_cls.__name__}'s attributes ({', '.join(attrs[:4])}), or take "
+                "the module first: def fn(module, x)")) from None
+    return fn
+
+
+def _functional(fn: Callable[..., Any], names: list[str]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def forward(self: Any, input: Any) -> Any:
+        return fn(input, **{n: getattr(self, n) for n in names if hasattr(self, n)})
+
+    return forward
 
 
 def _traced(cls: type, forward: Callable[..., Any], label: str) -> Callable[..., Any]:
@@ -93,7 +158,7 @@ def register(module_cls: type, replacement: Any = None, *, _decorating: bool = F
     call = f"torch_adapter.optimize.register({getattr(module_cls, '__name__', module_cls)!r}, ...)"
     _module_class(module_cls)
     session = _session(call)
-    forward = _forward_of(replacement, call)
+    forward = _forward_of(replacement, call, module_cls)
     label = getattr(replacement, "__qualname__", repr(replacement))
     had_own = "forward" in module_cls.__dict__
     original = module_cls.__dict__.get("forward")
