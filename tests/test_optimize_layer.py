@@ -185,7 +185,14 @@ def test_suspension_takes_the_optimizations_off_and_resume_puts_them_back():
 
 
 @pytest.mark.slow
-def test_aggressive_compiles_the_scripts_model_once_with_the_same_losses():
+@pytest.mark.parametrize("cpu_kind", ["no-bf16-units", "bf16-units"])
+def test_aggressive_compiles_the_scripts_model_once_with_the_same_losses(cpu_kind, monkeypatch):
+    """Both CPU kinds on any machine: with bf16 units the level adds bf16 autocast (losses within
+    bf16's tolerance), without them it keeps fp32 (losses equal to eager's)."""
+    fast = torch.bfloat16 if cpu_kind == "bf16-units" else None
+    real = optimizing.native_low_precision
+    monkeypatch.setattr(optimizing, "native_low_precision", lambda dev: fast if dev == "cpu" else real(dev))
+
     def losses():
         torch.manual_seed(0)
         m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).to("cuda")
@@ -211,7 +218,11 @@ def test_aggressive_compiles_the_scripts_model_once_with_the_same_losses():
             model(torch.randn(4, 8, device="cuda"))
     notes = [str(w.message) for w in caught if issubclass(w.category, optimizing.OptimizeWarning)]
     assert len(notes) == 1 and "compiled Sequential's forward in" in notes[0]
-    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    if fast is None:
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    else:  # bf16 autocast: an 8-bit mantissa
+        torch.testing.assert_close(compiled, eager, rtol=2e-2, atol=1e-3)
+        assert compiled != eager, "bf16 autocast was not applied"
     assert "forward" not in model.__dict__
 
 
