@@ -119,6 +119,8 @@ def apply(session: Any) -> None:
         def make_query(orig: Any, name: str = name) -> Any:
             @functools.wraps(orig)
             def query(device_type: str | None = None) -> Any:
+                if name == "get_autocast_dtype" and (device_type is None or str(device_type).startswith("cuda")):
+                    return cuda_dtype()
                 if device_type is None and name != "is_autocast_available":
                     return orig(target_type)
                 return orig(map_type(device_type))
@@ -126,6 +128,18 @@ def apply(session: Any) -> None:
             return query
 
         p.set(torch, name, make_query(orig))
+    orig_dtype, orig_enabled = p.original(torch, "get_autocast_dtype"), p.original(torch, "is_autocast_enabled")
+
+    def cuda_dtype() -> Any:
+        """The dtype a CUDA program is told: the target's inside an autocast region; outside one,
+        CUDA's default (float16 — what ``autocast("cuda")`` without a dtype then uses here too),
+        not the target's own default (bfloat16 for CPU autocast)."""
+        if target_type == "cuda" or orig_enabled(target_type):
+            return orig_dtype(target_type)
+        try:
+            return orig_dtype("cuda")
+        except RuntimeError:  # a torch without CUDA's autocast state
+            return orig_dtype(target_type)
     for name in ("set_autocast_enabled", "set_autocast_dtype"):
         orig = getattr(torch, name, None)
         if orig is None:
@@ -148,7 +162,7 @@ def apply(session: Any) -> None:
 
         p.set(torch, name, make_setter(orig))
     if hasattr(torch, "get_autocast_gpu_dtype"):
-        p.set(torch, "get_autocast_gpu_dtype", lambda: torch.get_autocast_dtype(target_type))
+        p.set(torch, "get_autocast_gpu_dtype", cuda_dtype)
 
     # ProfilerActivity.CUDA / use_cuda=True: the target's activity (none extra on the CPU).
     _patch_profiler(session, target_type)
