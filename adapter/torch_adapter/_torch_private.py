@@ -522,3 +522,14 @@ def dtensor_register_strategy(op: Any, placements: Any, input_index: int, static
         clear_caches()
 
     return undo
+
+
+__all__ += ["cuda_binding_module"]
+
+
+def cuda_binding_module() -> Any:
+    """``torch._C``, where a CUDA build defines the private ``_cuda_*`` bindings that
+    ``torch.cuda``'s Python code and PyTorch's CUDA test base call (``_cuda_setStream``…)."""
+    import torch
+
+    return torch._C

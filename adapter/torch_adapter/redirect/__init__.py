@@ -5,6 +5,7 @@
 - :mod:`.device_ordinal` ``torch.device(0)`` (a stand-in for the name while installed)
 - :mod:`.dataflow`     DataLoader pinning, ``nn.DataParallel`` on the host
 - :mod:`.cuda_ns`      the ``torch.cuda`` namespace answered for the target
+- :mod:`.cuda_bindings` the private ``torch._C._cuda_*`` stream/device bindings CUDA test bases call
 - :mod:`.accelerator`  ``torch.accelerator`` answered as ``torch.cuda`` on the CPU target (torch's own calls: the truth)
 - :mod:`.amp`          autocast / GradScaler / custom_fwd, profiler activities, SDPA backends
 - :mod:`.compiling`    ``torch.compile`` CUDA-graph modes → their no-graph equivalents
@@ -26,7 +27,7 @@ __all__ = ["apply_all"]
 
 
 def apply_all(session: Any) -> None:
-    from . import accelerator, amp, compiling, cuda_ns, devices, distributed, dtensor_rules, env, probes
+    from . import accelerator, amp, compiling, cuda_bindings, cuda_ns, devices, distributed, dtensor_rules, env, probes
     from .log import remember
     from .._autoinstall import ENV_VAR, encode
 
@@ -35,6 +36,7 @@ def apply_all(session: Any) -> None:
     compiling.prepare(session)  # before any patch: torch._dynamo's tables of torch's functions
     devices.apply(session)
     cuda_ns.apply(session)
+    cuda_bindings.apply(session)
     accelerator.apply(session)
     amp.apply(session)
     compiling.apply(session)
