@@ -21,7 +21,7 @@ from typing import Any, Callable
 from .. import _torch_private as tp
 from . import host_memory
 
-__all__ = ["BINDINGS", "apply", "bindings"]
+__all__ = ["BINDINGS", "apply", "bindings", "bindings_markdown"]
 
 # name -> what it does while installed (data; docs/cuda-namespace.md lists it)
 BINDINGS: dict[str, str] = {
@@ -92,3 +92,24 @@ def apply(session: Any) -> None:
         if not hasattr(mod, name):
             fn.__name__ = fn.__qualname__ = name
             session.patcher.set(mod, name, fn)
+
+
+def bindings_markdown() -> str:
+    """The "Private bindings" section of docs/cuda-namespace.md."""
+    lines = [
+        "## Private bindings (`torch._C._cuda_*`)\n",
+        "Code written for CUDA sometimes calls torch's private CUDA bindings directly. PyTorch's own CUDA",
+        "test base does for every test: `CudaNonDefaultStream` selects a fresh non-default stream with",
+        "`torch._C._cuda_setStream(stream_id=..., device_index=..., device_type=...)` and restores the device",
+        "with `_cuda_setDevice`; the memory-leak check calls `_cuda_clearCublasWorkspaces`. A CPU build has",
+        "none of them, so unanswered the whole CUDA suite fails on that line. While installed on a target",
+        "without CUDA, each binding below that torch lacks is set on `torch._C` (removed at uninstall).",
+        "The policy they express is kept: on the CPU target there is one synchronous stream, so *any* stream",
+        "the program selects is the stream its ops run on, in order — selecting it is exact, not ignored.",
+        "Not answered, on purpose: `_cuda_getDeviceCount`, because `torch.cuda._is_compiled()` tests for it",
+        "and torch's own Python would then take CUDA-build paths into bindings that do not exist; the",
+        "allocator, jiterator and TunableOp bindings, which `torch.cuda`'s stand-ins answer one level up.\n",
+        "| binding | while installed |", "|---|---|",
+    ]
+    lines += [f"| `torch._C.{name}` | {what} |" for name, what in BINDINGS.items()]
+    return "\n".join(lines) + "\n"
