@@ -64,10 +64,12 @@ HANG_SCRIPT = textwrap.dedent("""
     print("script done", flush=True)
 """)
 
+HANG_EXIT_SCRIPT = HANG_SCRIPT + "import sys; sys.exit(3)\n"   # asks for 3, then hangs on the thread
+
 
 @pytest.fixture
 def scripts(tmp_path):
-    for name, text in {"ddp.py": DDP_SCRIPT, "spawn.py": SPAWN_SCRIPT, "hang.py": HANG_SCRIPT}.items():
+    for name, text in {"ddp.py": DDP_SCRIPT, "spawn.py": SPAWN_SCRIPT, "hang.py": HANG_SCRIPT, "hang_exit3.py": HANG_EXIT_SCRIPT}.items():
         (tmp_path / name).write_text(text)
     return tmp_path
 
@@ -159,6 +161,15 @@ def test_exit_of_an_adapted_child_is_bounded_too(scripts):
                   env={"TORCH_ADAPTER_EXIT_TIMEOUT": "2"}, timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "this adapted process ended" in res.stderr and "never-ends" in res.stderr
+
+
+def test_a_bounded_child_keeps_the_exit_code_it_asked_for(scripts):
+    """sys.exit(3), then a thread that never ends: the guard ends the child with 3, not 0 (torchrun
+    would otherwise count a failed rank as a success)."""
+    res = run_cli("run", "torchrun", "--standalone", "--nproc-per-node", "1", str(scripts / "hang_exit3.py"),
+                  env={"TORCH_ADAPTER_EXIT_TIMEOUT": "2"}, timeout=180)
+    assert "this adapted process ended" in res.stderr and "(exit code 3)" in res.stderr, res.stderr[-3000:]
+    assert res.returncode != 0, res.stderr[-3000:]
 
 
 def test_a_wrapper_the_adapter_does_not_know_is_named_with_what_was_adapted(scripts):

@@ -162,3 +162,74 @@ def test_checking_a_real_target_under_an_engine_does_not_snapshot_its_kernels():
     register_fallback("aten::_fused_dropout", lambda x, p, generator=None: (x * 2, torch.ones_like(x, dtype=torch.bool)))
     out, _ = torch.ops.aten._fused_dropout(torch.ones(3), 0.5)  # CUDA-only op: the fallback routes it
     assert out.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_restore_is_all_or_nothing_and_names_every_failure():
+    """A raising before_restore / after_restore no longer aborts Patcher.restore() halfway:
+    every attribute is put back first, then one RestoreError names all the failures."""
+    import types
+
+    from torch_adapter.errors import RestoreError
+    from torch_adapter.patching import Patcher
+
+    owner = types.SimpleNamespace(a=1, b=2)
+    p = Patcher()
+    p.set(owner, "a", 10)
+    p.set(owner, "b", 20)
+
+    def broken_before(values):
+        raise KeyError("before")
+
+    def broken_after():
+        raise OSError("after")
+
+    ran = []
+    p.before_restore(broken_before)
+    p.after_restore(broken_after)
+    p.after_restore(lambda: ran.append("second after"))
+    with pytest.raises(RestoreError, match=r"2 failed.*broken_before.*KeyError.*broken_after.*OSError") as info:
+        p.restore()
+    assert (owner.a, owner.b) == (1, 2), "an attribute was left patched"
+    assert ran == ["second after"]
+    assert [type(e) for _, e in info.value.failures] == [KeyError, OSError]
+    p.restore()  # nothing left: a second restore is a no-op
+
+
+def test_a_failing_undo_of_a_failed_install_keeps_the_install_error(monkeypatch):
+    import torch
+
+    import torch_adapter
+    from torch_adapter.redirect import env
+
+    def broken_apply(session):
+        session.patcher.after_restore(lambda: (_ for _ in ()).throw(OSError("undo broke")))
+        raise ValueError("install broke")
+
+    monkeypatch.setattr(env, "apply", broken_apply)
+    with pytest.raises(ValueError, match="install broke") as info:
+        torch_adapter.install(target="cpu")
+    assert any("undo broke" in note for note in getattr(info.value, "__notes__", []))
+    assert torch_adapter.session.current() is None
+    assert torch.cuda.is_available() is False  # every patch of the failed install came off
+
+
+def test_configure_is_atomic_when_applying_fails(monkeypatch):
+    """configure() stored the new config before applying it: a failure half-applied it."""
+    from torch_adapter import optimizing
+
+    session = torch_adapter.install(target="cpu")
+    assert session.routing is None
+    before = session.config
+
+    def broken(session_, old):
+        raise RuntimeError("optimization layer broke")
+
+    monkeypatch.setattr(optimizing, "apply", broken)
+    with pytest.raises(RuntimeError, match="optimization layer broke"):
+        torch_adapter.configure(fallback="error", debug_mode=True)
+    assert session.config is before and session.config.fallback == "allow"
+    assert session.routing is None, "the routing engine attached for the failed settings stayed"
+    monkeypatch.undo()
+    assert torch.heaviside(torch.zeros(2), torch.ones(())).tolist() == [1.0, 1.0]
+    torch_adapter.configure(fallback="warn")
+    assert session.config.fallback == "warn"

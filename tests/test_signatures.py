@@ -224,6 +224,11 @@ ALIAS_OK = {
     "torch.cuda.green_contexts.GreenContext": "the class's home; torch.cuda.GreenContext is what code uses",
     "torch.cuda.profiler.check_error": "used only by torch.cuda.profiler.start/stop/profile, patched",
     "torch.cuda.profiler.cudart": "used only by torch.cuda.profiler.start/stop/profile, patched",
+    "torch.import_ir_module": "torch.jit.load calls torch._C.import_ir_module (patched)",
+    "torch.import_ir_module_from_buffer": "torch.jit.load calls torch._C.import_ir_module_from_buffer (patched)",
+    "torch.jit._script.script": "its definition; torch calls torch.jit.script (and torch.jit._trace.script, patched)",
+    "torch.jit._trace.trace": "its definition; torch and users call torch.jit.trace",
+    "torch.jit._serialization.load": "its definition; torch and users call torch.jit.load",
 }
 
 

@@ -145,3 +145,24 @@ def test_run_report_counts_ops_on_other_threads(tmp_path, cli):
 
     entries = json.loads(report.read_text())["ops"]
     assert sum(e["calls"] for e in entries if e["op"] == "aten::mm") == 40
+
+
+def test_a_probe_in_progress_on_one_thread_is_no_cycle_for_another():
+    """self_decomp's cycle guard was one global set: a probe of the same op running on another
+    thread looked like a cycle, and the unknown answer (None) was cached for good."""
+    import threading
+
+    from torch_adapter.routing import self_decomp
+
+    key = ("aten::var.correction", None)
+    self_decomp.calls_itself.cache_clear()
+    self_decomp._PROBING.now.add(key)  # this thread is in the middle of probing it
+    try:
+        answers: list = []
+        worker = threading.Thread(target=lambda: answers.append(self_decomp.calls_itself(*key)))
+        worker.start()
+        worker.join()
+    finally:
+        self_decomp._PROBING.now.discard(key)
+        self_decomp.calls_itself.cache_clear()
+    assert answers == [True]

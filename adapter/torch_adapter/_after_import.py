@@ -1,6 +1,15 @@
-"""Run a function once a module is loaded: now if it already is, else right after it first
-executes (a meta-path finder, removed when the session closes). The module itself is not
-changed; the function sees it complete."""
+"""Run a function once a module is loaded — the one import hook of the adapter.
+
+``after_import(patcher, name, fn)``: ``fn(module)`` now if ``name`` is already imported, else
+right after it first executes (a meta-path finder). The finder belongs to the session's
+:class:`~torch_adapter.patching.Patcher`: it is removed when the patcher restores, that is
+when the session is *suspended* or closed, and put back (exactly one) when a resumed session
+applies its patches again. So a suspended session's hooks never fire, and nested sessions
+never stack finders. The module itself is not changed; the function sees it complete.
+
+Used by :mod:`.redirect.probes` (third-party probes patched in modules imported later) and
+:mod:`.redirect.dtensor_rules` (rules registered once DTensor loads).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +17,7 @@ import importlib.abc
 import sys
 from typing import Any, Callable
 
-__all__ = ["after_import"]
+__all__ = ["after_import", "finders"]
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -18,8 +27,8 @@ class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != self.name or not self.live:
             return None
-        # Every live finder for this name (nested sessions each have one) is served by the first
-        # one reached; the others are skipped here, or each would search through the other forever.
+        # Every live finder for this name is served by the first one reached; the others (and
+        # every other _Finder) are skipped here, or each would search through the other forever.
         waiting = [f for f in sys.meta_path if isinstance(f, _Finder) and f.live and f.name == fullname]
         for finder in sys.meta_path:
             if isinstance(finder, _Finder) or not hasattr(finder, "find_spec"):
@@ -36,7 +45,7 @@ class _Loader(importlib.abc.Loader):
     def __init__(self, inner: Any, finders: list[_Finder]) -> None:
         self._inner, self._finders = inner, finders
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # get_resource_reader, get_source, is_package …
         return getattr(self._inner, name)
 
     def create_module(self, spec: Any) -> Any:
@@ -45,16 +54,19 @@ class _Loader(importlib.abc.Loader):
     def exec_module(self, module: Any) -> None:
         self._inner.exec_module(module)
         if module.__spec__ is not None and module.__spec__.loader is self:
-            module.__spec__.loader = self._inner
+            module.__spec__.loader = self._inner  # reloads after uninstall use the plain loader
         module.__loader__ = self._inner
         for finder in self._finders:
             if finder.live:
                 finder.live = False
+                if finder in sys.meta_path:  # served: nothing left to wait for
+                    sys.meta_path.remove(finder)
                 finder.fn(module)
 
 
-def after_import(session: Any, name: str, fn: Callable[[Any], None]) -> None:
-    """``fn(module)`` once ``name`` is imported, within ``session`` (nothing after it closes)."""
+def after_import(patcher: Any, name: str, fn: Callable[[Any], None]) -> None:
+    """``fn(module)`` once ``name`` is imported, while ``patcher``'s patches are in force
+    (nothing after it restores: suspend or close)."""
     module = sys.modules.get(name)
     if module is not None:
         fn(module)
@@ -62,9 +74,14 @@ def after_import(session: Any, name: str, fn: Callable[[Any], None]) -> None:
     finder = _Finder(name, fn)
     sys.meta_path.insert(0, finder)
 
-    def close() -> None:
+    def remove() -> None:
         finder.live = False
         if finder in sys.meta_path:
             sys.meta_path.remove(finder)
 
-    session.closers.append(close)
+    patcher.after_restore(remove)
+
+
+def finders() -> list[Any]:
+    """The adapter's finders now on ``sys.meta_path`` (for tests and invariants)."""
+    return [f for f in sys.meta_path if isinstance(f, _Finder)]

@@ -18,7 +18,7 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["ENV_VAR", "DEFAULT_TIMEOUT_S", "timeout_s", "arm", "arm_at_shutdown"]
+__all__ = ["ENV_VAR", "DEFAULT_TIMEOUT_S", "timeout_s", "arm", "arm_at_shutdown", "shutdown_code"]
 
 ENV_VAR = "TORCH_ADAPTER_EXIT_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0
@@ -86,10 +86,46 @@ def arm(code: int, what: str = "the script") -> bool:
     return True
 
 
+_EXIT_CODE: list[int] = []  # what the child's own sys.exit() asked for (mp.spawn workers: sys.exit(1))
+
+
+def _code_of(arg: Any) -> int:
+    """The process exit code ``sys.exit(arg)`` gives (None → 0, an int → itself, else 1)."""
+    if arg is None:
+        return 0
+    return arg if isinstance(arg, int) else 1
+
+
+def _record_exit_calls() -> None:
+    """Wrap ``sys.exit`` in this (child) process so the guard knows the code the script asked for.
+    The interpreter keeps the code of a handled SystemExit on its C stack only."""
+    original = sys.exit
+    if getattr(original, "_torch_adapter_exit", False):
+        return
+
+    def exit(arg: Any = None) -> None:  # noqa: A001 - sys's name
+        _EXIT_CODE[:] = [_code_of(arg)]
+        original(arg)
+
+    exit._torch_adapter_exit = True  # type: ignore[attr-defined]
+    exit.__doc__ = original.__doc__
+    sys.exit = exit
+
+
+def shutdown_code() -> int:
+    """The exit code the process is ending with, as far as Python can know at shutdown: the
+    script's ``sys.exit(N)``, else 1 after an uncaught exception was printed, else 0."""
+    if _EXIT_CODE:
+        return _EXIT_CODE[-1]
+    return 1 if getattr(sys, "last_value", None) is not None else 0
+
+
 def arm_at_shutdown(what: str) -> None:
     """In an adapted child: arm when the interpreter starts shutting down (before non-daemon threads are joined)."""
-    def at_shutdown() -> None:  # the exit code is not known yet: 1 when an uncaught exception was printed
-        arm(1 if getattr(sys, "last_value", None) is not None else 0, what)
+    _record_exit_calls()
+
+    def at_shutdown() -> None:
+        arm(shutdown_code(), what)
 
     register = getattr(threading, "_register_atexit", None)  # runs before threading joins its threads
     try:

@@ -550,3 +550,58 @@ def device_factory_names() -> list[str]:
              if s.name.startswith("aten::")
              and any(a.name == "device" and str(a.type) == "Optional[Device]" for a in s.arguments)}
     return sorted(n for n in names if callable(getattr(torch, n, None)) and not inspect.isclass(getattr(torch, n)))
+# --- TorchScript (redirect/torchscript.py) ----------------------------------------------------
+__all__ += ["jit_builtin_table", "jit_global_functions", "jit_importers", "script_module_graphs",
+            "jit_dead_code_elimination"]
+
+
+def jit_builtin_table() -> dict[int, str] | None:
+    """TorchScript's table ``id(python function) -> "aten::name"`` (``torch.jit._builtins``), built
+    from torch's attributes when torch is imported: the compiler emits a builtin op for a Python
+    object whose id is in it and compiles the source of any other function. None when this torch
+    lacks it (checked torch 2.9–2.13)."""
+    from torch.jit import _builtins
+
+    get = getattr(_builtins, "_get_builtin_table", None)
+    table = get() if callable(get) else None
+    return table if isinstance(table, dict) else None
+
+
+def jit_global_functions() -> list[Any]:
+    """Every function (and scripted class's method) compiled into TorchScript's global compilation
+    unit (``torch.jit._state._python_cu``): what ``torch.jit.script`` made so far in this process."""
+    from torch.jit import _state
+
+    cu = getattr(_state, "_python_cu", None)
+    return list(cu.get_functions()) if cu is not None and hasattr(cu, "get_functions") else []
+
+
+def jit_importers() -> tuple[Any, tuple[str, ...]]:
+    """``torch._C.import_ir_module`` and ``import_ir_module_from_buffer``: what ``torch.jit.load``
+    calls with the compilation unit it creates for the archive's code (its owner and the names
+    present on this torch)."""
+    import torch
+
+    names = tuple(n for n in ("import_ir_module", "import_ir_module_from_buffer") if hasattr(torch._C, n))
+    return torch._C, names
+
+
+def script_module_graphs(module: Any) -> list[tuple[str, Any]]:
+    """``(qualified method name, graph)`` of every method of a ScriptModule and its submodules
+    (the C++ module behind ``module._c``)."""
+    import torch
+
+    out = []
+    for sub in module.modules():
+        c = getattr(sub, "_c", None)
+        if isinstance(c, torch._C.ScriptModule):
+            owner = c._type().qualified_name()
+            out += [(f"{owner}.{name}", c._get_method(name).graph) for name in c._method_names()]
+    return out
+
+
+def jit_dead_code_elimination(graph: Any) -> None:
+    """TorchScript's dead-code pass on ``graph``, in place."""
+    import torch
+
+    torch._C._jit_pass_dce(graph)

@@ -13,6 +13,8 @@
     │                                   a duplicate or invalid register_* call
     ├── FallbackError (+ RuntimeError)  fallback policy "error" met an op the target lacks
     ├── CheckError (+ RuntimeError)     the `check` command cannot read its input
+    ├── RestoreError (+ RuntimeError)   undoing a session failed somewhere (everything else
+    │                                   was still put back); names every failure
     └── NumericsError (+ FloatingPointError)
                                         a debug check found a NaN/Inf or a CPU mismatch
                                         (torch_adapter.debug); names op, route, module, line
@@ -32,6 +34,7 @@ __all__ = [
     "RegistrationError",
     "FallbackError",
     "CheckError",
+    "RestoreError",
     "NumericsError",
     "format_error",
 ]
@@ -47,6 +50,23 @@ class UsageError(AdapterError, ValueError):
 
 class TargetError(AdapterError, RuntimeError):
     """A target that is unknown, or not present on this machine."""
+
+
+class RestoreError(AdapterError, RuntimeError):
+    """Some part of a session could not be undone; every other part was.
+
+    ``failures`` lists ``(what, exception)``; the first exception is the ``__cause__``."""
+
+    def __init__(self, failures: list) -> None:
+        self.failures = list(failures)
+        lines = "; ".join(f"{what}: {type(exc).__name__}: {exc}" for what, exc in self.failures)
+        super().__init__(format_error(
+            "torch_adapter: undoing the session's patches", "every patch and hook put back",
+            f"{len(self.failures)} failed ({lines})",
+            why="each failure was caught so that everything else could still be restored",
+            fix="the failures above name the part; report it if it is the adapter's own"))
+        if self.failures:
+            self.__cause__ = self.failures[0][1]
 
 
 class UnsupportedCudaFeature(AdapterError, RuntimeError):

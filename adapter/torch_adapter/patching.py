@@ -112,41 +112,76 @@ class Patcher:
         """The objects patched in, as they are now."""
         return [getattr(owner, name, MISSING) for owner, name, _had, _orig in self._saved.values()]
 
+    def originals(self) -> list[tuple[Any, Any]]:
+        """``(object patched in now, the original)`` for every patched attribute: for tables
+        torch keys by its objects' identity (``redirect/torchscript.py``)."""
+        return [(getattr(owner, name, MISSING), orig) for owner, name, _had, orig in self._saved.values()]
+
     def restore(self) -> None:
         """Undo every patch, newest first; the environment as it was; then the
-        :meth:`after_restore` callbacks."""
+        :meth:`after_restore` callbacks. All or nothing: a callback or an attribute that fails
+        does not stop the rest — every attribute is put back, every callback runs, and then
+        one :class:`~torch_adapter.errors.RestoreError` names everything that failed."""
+        failures: list[tuple[str, BaseException]] = []
+
+        def attempt(what: str, fn: Any, *args: Any) -> None:
+            try:
+                fn(*args)
+            except BaseException as exc:  # keep restoring; report after
+                failures.append((what, exc))
+
         before, self._before = self._before, []
         values = self.values()
         for fn in reversed(before):
-            fn(values)
+            attempt(f"before_restore {_name(fn)}", fn, values)
         for key in reversed(self._order):
             owner, name, had_own, original = self._saved[key]
-            if had_own:
-                setattr(owner, name, original)
-            else:
-                try:
-                    delattr(owner, name)
-                except AttributeError:
-                    pass
-                if original is not MISSING and getattr(owner, name, MISSING) is not original:
-                    setattr(owner, name, original)
+            attempt(f"{_name(owner)}.{name}", _put_back, owner, name, had_own, original)
         self._saved.clear()
         self._order.clear()
         for mapping, key, old in reversed(self._items):
-            if old is MISSING:
-                mapping.pop(key, None)
-            else:
-                mapping[key] = old
+            attempt(f"item {key!r}", _put_item, mapping, key, old)
         self._items.clear()
         for name, value in self._env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+            attempt(f"env {name}", _put_env, name, value)
         self._env.clear()
         after, self._after = self._after, []
         for fn in reversed(after):
-            fn()
+            attempt(f"after_restore {_name(fn)}", fn)
+        if failures:
+            from .errors import RestoreError
+
+            raise RestoreError(failures)
+
+
+def _put_back(owner: Any, name: str, had_own: bool, original: Any) -> None:
+    if had_own:
+        setattr(owner, name, original)
+        return
+    try:
+        delattr(owner, name)
+    except AttributeError:
+        pass
+    if original is not MISSING and getattr(owner, name, MISSING) is not original:
+        setattr(owner, name, original)
+
+
+def _put_item(mapping: Any, key: Any, old: Any) -> None:
+    if old is MISSING:
+        mapping.pop(key, None)
+    else:
+        mapping[key] = old
+
+
+def _put_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def _name(obj: Any) -> str:
+    return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or type(obj).__name__
 
 
 def _own_dict(owner: Any) -> Any:

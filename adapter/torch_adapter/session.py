@@ -78,8 +78,11 @@ class AdapterSession:
                 self._attach_routing()
             apply_tools(self, None)
             self._apply_optimizations(None)
-        except BaseException:
-            self._close()
+        except BaseException as exc:
+            try:
+                self._close()
+            except BaseException as undo:  # the install error stays the one raised; the undo's is noted
+                exc.add_note(f"torch_adapter: undoing the failed install also failed: {undo}")
             raise
         self.active = True
 
@@ -106,8 +109,14 @@ class AdapterSession:
             except BaseException as exc:  # keep suspending; report after
                 errors.append(exc)
         if self.routing is not None:
-            self.routing.detach()
-        self.patcher.restore()
+            try:
+                self.routing.detach()
+            except BaseException as exc:
+                errors.append(exc)
+        try:
+            self.patcher.restore()  # all or nothing: every patch and hook comes off, then one error
+        except BaseException as exc:
+            errors.append(exc)
         self.active, self.suspended = False, True
         if errors:
             raise errors[0]
@@ -143,7 +152,10 @@ class AdapterSession:
                 closer()
             except BaseException as exc:
                 errors.append(exc)
-        self.patcher.restore()
+        try:
+            self.patcher.restore()  # all or nothing (Patcher.restore)
+        except BaseException as exc:
+            errors.append(exc)
         self.active = self.suspended = False
         self.closed = True
         if errors:
@@ -399,13 +411,47 @@ def configure(**options: Any) -> Config:
         cfg = make_config(options, base=session.config)
         _check_policy(session.target, cfg)
         _check_thread("torch_adapter.configure()", session.target, cfg)
-        old, session.config = session.config, cfg
-        if session._enforces(cfg):
-            session._attach_routing()
-        if session.routing is not None:
-            session.routing.reconfigure(cfg)
-        from ._session_tools import apply as apply_tools
-
-        apply_tools(session, old)
-        session._apply_optimizations(old)
+        old = session.config
+        had_routing = session.routing is not None
+        try:
+            _reconfigure(session, old, cfg)
+        except BaseException as exc:  # atomic: the session goes back to exactly its old settings
+            for undo in _rollback(session, cfg, old, had_routing):
+                exc.add_note(f"torch_adapter: putting the old settings back also failed: {undo}")
+            raise
         return session.config
+
+
+def _reconfigure(session: AdapterSession, old: Config, cfg: Config) -> None:
+    """Apply ``cfg`` to the installed ``session`` whose settings were ``old``."""
+    from ._session_tools import apply as apply_tools
+
+    session.config = cfg
+    if session._enforces(cfg):
+        session._attach_routing()
+    if session.routing is not None:
+        session.routing.reconfigure(cfg)
+    apply_tools(session, old)
+    session._apply_optimizations(old)
+
+
+def _rollback(session: AdapterSession, new: Config, old: Config, had_routing: bool) -> list[BaseException]:
+    """Every part of a failed :func:`configure` back to ``old``, each step tried; the failures."""
+    from ._session_tools import apply as apply_tools
+
+    session.config = old
+    failures: list[BaseException] = []
+
+    def routing() -> None:
+        if not had_routing and session.routing is not None:
+            engine, session.routing = session.routing, None
+            engine.detach()
+        elif session.routing is not None:
+            session.routing.reconfigure(old)
+
+    for step in (routing, lambda: apply_tools(session, new), lambda: session._apply_optimizations(new)):
+        try:
+            step()
+        except BaseException as exc:
+            failures.append(exc)
+    return failures

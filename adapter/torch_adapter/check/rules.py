@@ -357,8 +357,11 @@ TORCH_RULES: tuple[dict, ...] = (
          docs="https://pytorch.org/docs/stable/notes/mps.html"),
     dict(id="JIT001", title="torch.jit.script", severity="review",
          match={"triggers": ["jit"], "call": ["torch.jit.script", "torch.jit.script_method", "torch.jit.script_if_tracing"]},
-         message="TorchScript runs on {target}, but its CUDA fusers (nvFuser) do not, and "
-                 "TorchScript is in maintenance mode: test the scripted path on {target}.",
+         message="TorchScript runs on {target} under the adapter: scripted and traced code calls torch's "
+                 "factories as builtins, and device=\"cuda\", .to(\"cuda\") and .cuda() inside graphs are "
+                 "rewritten to {target} when the code is compiled, loaded or moved while installed; a function "
+                 "that already ran before install keeps CUDA. Its CUDA fusers (nvFuser) do not run on {target}, "
+                 "and TorchScript is deprecated (maintenance mode): test the scripted path on {target}.",
          alternative="Eager mode, or torch.compile where the target supports it.",
          docs="https://pytorch.org/docs/stable/jit.html"),
     dict(id="JIT002", title="TorchScript GPU fuser switches", severity="review",
@@ -382,12 +385,13 @@ TORCH_RULES: tuple[dict, ...] = (
                  "target's inductor backend -- check that it compiles there.",
          alternative='backend="aot_eager" (no codegen) where inductor does not support the target.',
          docs="https://pytorch.org/docs/stable/generated/torch.compile.html"),
-    dict(id="JIT005", title="torch.jit.load", severity="review",
+    dict(id="JIT005", title="torch.jit.load", severity="handled",
          match={"triggers": ["jit"], "call": ["torch.jit.load"]},
-         message="TorchScript archives load their tensors onto the device they were saved from, "
-                 "and torch.jit.load is not redirected: an archive saved on CUDA fails on {target}.",
-         alternative='torch.jit.load(path, map_location="cpu") (or the target device), or '
-                     "torch.export / state_dict checkpoints (torch.load is redirected).",
+         message="torch.jit.load is redirected: map_location=\"cuda\" / \"cuda:N\" / torch.device(\"cuda\") / "
+                 "an int, and an archive saved on CUDA loaded without map_location, land on {target}; CUDA "
+                 "device constants in the archive's code are rewritten to {target}.",
+         alternative='Nothing to change under the adapter; without it, torch.jit.load(path, map_location="cpu") '
+                     "(or the target device), or torch.export / state_dict checkpoints.",
          docs="https://pytorch.org/docs/stable/generated/torch.jit.load.html"),
     dict(id="EIN001", title="torch.einsum", severity="review",
          match={"call": ["torch.einsum", "torch.functional.einsum"]},

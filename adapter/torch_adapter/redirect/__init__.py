@@ -13,6 +13,7 @@
 - :mod:`.dtensor_rules` DTensor sharding strategies for host kernels CUDA has its own for (CPU attention)
 - :mod:`.env`          CUDA environment variables → the target's
 - :mod:`.probes`       third-party availability probes (flash-attn, xformers…) answered for the target
+- :mod:`.torchscript`  TorchScript: the wrappers as its builtins, CUDA device constants in graphs → the target
 - :mod:`.log`          the redirect log (call sites)
 
 :func:`apply_all` installs them on a session's Patcher, in that order; the session's
@@ -27,7 +28,8 @@ __all__ = ["apply_all"]
 
 
 def apply_all(session: Any) -> None:
-    from . import accelerator, amp, compiling, cuda_bindings, cuda_ns, devices, distributed, dtensor_rules, env, probes
+    from . import (accelerator, amp, compiling, cuda_bindings, cuda_ns, devices, distributed, dtensor_rules, env,
+                   probes, torchscript)
     from .log import remember
     from .._autoinstall import ENV_VAR, encode
 
@@ -44,5 +46,6 @@ def apply_all(session: Any) -> None:
     dtensor_rules.apply(session)
     env.apply(session)
     probes.apply(session)
+    torchscript.apply(session)  # last: registers every wrapper patched in above
     if session.config.propagate:
         session.patcher.set_env(ENV_VAR, encode(session.settings()))

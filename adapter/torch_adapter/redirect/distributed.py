@@ -58,28 +58,37 @@ def apply(session: Any) -> None:
 
     orig_init = c10d.init_process_group
 
+    chosen: set[int] = set()  # the groups the adapter made gloo in place of nccl (see _keep_destroyed_gloo_groups)
+
     @functools.wraps(orig_init)
     def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
         if "backend" in kwargs:
             backend = kwargs.pop("backend")
-        backend = mapped(backend, "init_process_group")
+        asked, backend = backend, mapped(backend, "init_process_group")
         dev = kwargs.get("device_id")
         if dev is not None:
             new = mapper.map(dev, "init_process_group(device_id)", ints=True)
             kwargs["device_id"] = None if mapper.on_cpu else new
-        return orig_init(backend, *args, **kwargs)
+        out = orig_init(backend, *args, **kwargs)
+        if _made_gloo(asked, backend):
+            chosen.add(id(dist.group.WORLD))
+        return out
 
     orig_new_group = c10d.new_group
 
     @functools.wraps(orig_new_group)
     def new_group(*args: Any, **kwargs: Any) -> Any:
+        asked = args[2] if len(args) >= 3 else kwargs.get("backend")
         if len(args) >= 3:
             args = (*args[:2], mapped(args[2], "new_group"), *args[3:])
         if "backend" in kwargs:
             kwargs["backend"] = mapped(kwargs["backend"], "new_group")
         if kwargs.get("device_id") is not None:
             kwargs["device_id"] = None if mapper.on_cpu else mapper.map(kwargs["device_id"], "new_group(device_id)")
-        return orig_new_group(*args, **kwargs)
+        group = orig_new_group(*args, **kwargs)
+        if _made_gloo(asked, args[2] if len(args) >= 3 else kwargs.get("backend")):
+            chosen.add(id(group))
+        return group
 
     orig_barrier = c10d.barrier
 
@@ -115,7 +124,12 @@ def apply(session: Any) -> None:
 
     _patch_ddp(session)
     _patch_gather_of_grad_tensors(session)
-    _keep_destroyed_gloo_groups(session)
+    _keep_destroyed_gloo_groups(session, chosen)
+
+
+def _made_gloo(asked: Any, became: Any) -> bool:
+    """Did the adapter turn a backend the program asked for into gloo?"""
+    return asked != became and isinstance(became, str) and "gloo" in became
 
 
 def _patch_gather_of_grad_tensors(session: Any) -> None:
@@ -138,7 +152,7 @@ def _patch_gather_of_grad_tensors(session: Any) -> None:
         session.patcher.set(owner, name, all_gather_single)
 
 
-def _keep_destroyed_gloo_groups(session: Any) -> None:
+def _keep_destroyed_gloo_groups(session: Any, chosen: set[int]) -> None:
     """A gloo group the adapter chose for "nccl" is never freed after ``destroy_process_group``.
 
     Measured (torch 2.13, timm's train.py, torchrun 2 ranks): ``main()`` calls
@@ -147,6 +161,9 @@ def _keep_destroyed_gloo_groups(session: Any) -> None:
     forever (rank 0 in a futex wait, its DataLoader workers alive). NCCL, which the script was
     written for, does not. Keeping one reference to each destroyed gloo group (its threads are
     already stopped by ``shutdown()``) means that destructor never runs; the OS reclaims it at exit.
+    Only the groups the adapter made gloo in place of the program's nccl (``chosen``: their ids,
+    noted at ``init_process_group``/``new_group``) are kept; a gloo group the program asked for
+    itself is freed as in plain torch.
     """
     import ctypes
 
@@ -159,12 +176,10 @@ def _keep_destroyed_gloo_groups(session: Any) -> None:
     @functools.wraps(orig)
     def destroy_process_group(group: Any = None) -> None:
         doomed = group if group is not None else dist.group.WORLD
-        try:
-            gloo = doomed is not None and str(dist.get_backend(doomed)) == "gloo"
-        except Exception:  # noqa: BLE001 - not a group torch knows (its own error comes from orig)
-            gloo = False
+        ours = doomed is not None and id(doomed) in chosen
         orig(group)
-        if gloo:
+        if ours:
+            chosen.discard(id(doomed))
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(doomed))
             log.record("distributed", "destroy_process_group()", "gloo group shut down, kept until exit", depth=3)
 

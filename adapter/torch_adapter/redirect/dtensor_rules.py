@@ -54,8 +54,8 @@ def _register(session: Any) -> None:
         if op is None:
             continue  # a torch without this kernel
         undo = dtensor_register_strategy(op, placements, input_index, static_argnum)
-        if undo is not None:
-            session.closers.append(undo)
+        if undo is not None:  # off when the session is suspended or closed; on again at resume
+            session.patcher.after_restore(undo)
 
 
 def apply(session: Any) -> None:
@@ -66,4 +66,4 @@ def apply(session: Any) -> None:
         return
     from .._after_import import after_import
 
-    after_import(session, _DTENSOR, lambda module: _register(session))
+    after_import(session.patcher, _DTENSOR, lambda module: _register(session))

@@ -11,18 +11,19 @@ Probes whose answer already follows ``torch.cuda`` (accelerate's NVML-based
 :data:`PROBES` is the data: one row per (defining module, function). The mechanism below
 patches the function where it is defined and every binding of it that other modules made
 before install (``from .import_utils import is_xformers_available``); modules imported
-later are patched right after they execute, by a meta-path finder removed at uninstall,
-so import-time checks (``if is_xformers_available(): import xformers``) see the answer
+later are patched right after they execute (the adapter's one import hook,
+:mod:`torch_adapter._after_import`, taken off while the session is suspended), so import-time checks (``if is_xformers_available(): import xformers``) see the answer
 too. Every patch goes through the session's Patcher and is undone by ``uninstall()``.
 """
 
 from __future__ import annotations
 
-import importlib.abc
 import inspect
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from .._after_import import after_import
 
 __all__ = ["Probe", "PROBES", "KEEP", "apply", "patched_probes"]
 
@@ -166,43 +167,11 @@ def _bindings(by_id: dict[int, Any]) -> list[tuple[Any, str, Any]]:
     return found
 
 
-class _ProbeFinder(importlib.abc.MetaPathFinder):
-    """Patches a table module right after it first executes (imports after install)."""
-
-    def __init__(self, state: _State) -> None:
-        self.state = state
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in self.state.table:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader, self.state)
-                return spec
-        return None
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, inner: Any, state: _State) -> None:
-        self._inner, self._state = inner, state
-
-    def __getattr__(self, name: str) -> Any:  # get_resource_reader, get_source, is_package …
-        return getattr(self._inner, name)
-
-    def create_module(self, spec: Any) -> Any:
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._inner.exec_module(module)
-        if module.__spec__ is not None and isinstance(module.__spec__.loader, _PatchingLoader):
-            module.__spec__.loader = self._inner  # reloads after uninstall use the plain loader
-        module.__loader__ = self._inner
-        if self._state.live:
-            self._state.patch_module(module)
+def _patch_later(state: "_State") -> Callable[[Any], None]:
+    def patch(module: Any) -> None:
+        if state.live:
+            state.patch_module(module)
+    return patch
 
 
 def patched_probes(session: Any) -> bool:
@@ -226,12 +195,7 @@ def apply(session: Any) -> None:
             pairs += state.patch_module(module)
     if pairs:
         state.rebind_everywhere(pairs)
-    finder = _ProbeFinder(state)
-    sys.meta_path.insert(0, finder)
-
-    def close() -> None:
-        if finder in sys.meta_path:
-            sys.meta_path.remove(finder)
-        state.close()
-
-    session.closers.append(close)
+    for name in table:
+        if name not in sys.modules:  # patched right after it first executes (imports after install)
+            after_import(session.patcher, name, _patch_later(state))
+    session.patcher.after_restore(state.close)  # suspend and close: bindings made meanwhile get the originals

@@ -15,6 +15,7 @@ The probe runs under :func:`~.internal.internal`: no routing report counts its o
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 from .internal import internal
@@ -87,7 +88,16 @@ def sample_args(op: Any) -> tuple[list[Any], dict[str, Any]]:
     return args, kwargs
 
 
-_PROBING: set[tuple[str, Any]] = set()
+class _Probing(threading.local):
+    """The probes running on *this* thread: a cycle is a re-entry on the same thread. (One global
+    set made a probe of the same op running concurrently on another thread look like a cycle, and
+    the unknown answer was cached for good.)"""
+
+    def __init__(self) -> None:
+        self.now: set[tuple[str, Any]] = set()
+
+
+_PROBING = _Probing()
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,14 +107,14 @@ def calls_itself(name: str, profile: Any = None) -> bool | None:
     With a ``profile``, the ops the decomposition calls are expanded as the engine would run
     them on that target (their own decomposition or CompositeExplicit kernel when the target
     lacks a kernel), so a re-entry through another op's pieces counts too."""
-    if (name, profile) in _PROBING:  # a cycle between two decompositions: unknown here
+    if (name, profile) in _PROBING.now:  # a cycle between two decompositions: unknown here
         return None
-    _PROBING.add((name, profile))
+    _PROBING.now.add((name, profile))
     try:
         with internal():  # the probe's ops are the adapter's, not the user's: no observer counts them
             return _probe(name, profile)
     finally:
-        _PROBING.discard((name, profile))
+        _PROBING.now.discard((name, profile))
 
 
 def _probe(name: str, profile: Any) -> bool | None:

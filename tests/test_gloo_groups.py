@@ -1,0 +1,38 @@
+"""Destroyed gloo groups: the adapter keeps alive only the ones it made gloo in place of nccl
+(their destructor hangs after shutdown, redirect/distributed.py); a gloo group the program
+asked for itself is freed as in plain torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+_SCRIPT = textwrap.dedent("""
+    import gc, socket, sys, torch, torch.distributed as dist, torch_adapter
+
+    def port():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    torch_adapter.install(target="cpu")
+    kept = {}
+    for backend in ("gloo", "nccl", "gloo"):
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port()}", rank=0, world_size=1)
+        pg = dist.group.WORLD
+        before = sys.getrefcount(pg)
+        dist.destroy_process_group()
+        gc.collect()
+        kept.setdefault(backend, []).append(before - sys.getrefcount(pg))
+        del pg
+    print(kept)
+    assert len(set(kept["gloo"])) == 1, kept               # the program's gloo groups: freed alike
+    assert kept["gloo"][0] - kept["nccl"][0] == 1, kept     # one reference kept, for the nccl → gloo group only
+    print("OK")
+""")
+
+
+def test_only_the_groups_the_adapter_made_gloo_are_kept_after_destroy():
+    out = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stdout + out.stderr[-3000:]
