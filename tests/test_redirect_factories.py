@@ -42,7 +42,7 @@ def test_warnings_inside_redirected_calls_name_the_callers_line():
     here = __file__
     calls = [
         lambda: torch.tensor(torch.ones(2), device="cuda"),  # "To copy construct from a tensor..."
-        lambda: torch._empty_affine_quantized([2], scale=1, zero_point=0, dtype=torch.quint8, device="cuda"),
+        lambda: torch.empty(3).new_tensor(torch.ones(2), device="cuda"),  # Tensor.new_* go through it too
     ]
     with torch_adapter.adapted("cpu"):
         for call in calls:
