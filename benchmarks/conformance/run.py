@@ -145,6 +145,12 @@ def run_file(test_dir: Path, file: str, work: Path, args: argparse.Namespace) ->
         info = run_pytest(test_dir, file, adapted, xml, timeout=args.timeout, k=args.k, wall_limit=args.wall_limit)
         res[f"{'adapted' if adapted else 'plain'}_wall_s"] = info["wall_s"]
         runs[adapted] = parse_junit(xml)
+        broken = [v["text"] for k, v in runs[adapted].items() if k.startswith("::") and v["outcome"] == "error"]
+        if broken:  # pytest's "collection failure": the file does not import against this torch
+            e_lines = [ln for ln in broken[0].splitlines() if ln.startswith("E ")]
+            res["error"] = f"import error ({'adapted' if adapted else 'plain'}): " + \
+                (e_lines[-1][1:].strip() if e_lines else broken[0].splitlines()[0])
+            return res
         if not runs[adapted]:
             res["error"] = ("import error" if "rror" in info["tail"] else "no results") + \
                 f" ({'adapted' if adapted else 'plain'}): " + info["tail"][-600:]
