@@ -578,6 +578,32 @@ def dtensor_register_strategy(op: Any, placements: Any, input_index: int, static
     return undo
 
 
+__all__ += ["cuda_binding_module"]
+
+
+def cuda_binding_module() -> Any:
+    """``torch._C``, where a CUDA build defines the private ``_cuda_*`` bindings that
+    ``torch.cuda``'s Python code and PyTorch's CUDA test base call (``_cuda_setStream``…)."""
+    import torch
+
+    return torch._C
+
+
+__all__ += ["device_factory_names"]
+
+
+def device_factory_names() -> list[str]:
+    """Every ``torch.<name>`` function whose aten schema takes ``Device? device`` (torch's own
+    registry of operator schemas: factories, ``*_like``, windows, the private quantized
+    constructors…), sorted; classes (``torch.Generator``) are left to their own patch."""
+    import inspect
+
+    import torch
+
+    names = {s.name.split("::", 1)[1] for s in torch._C._jit_get_all_schemas()
+             if s.name.startswith("aten::")
+             and any(a.name == "device" and str(a.type) == "Optional[Device]" for a in s.arguments)}
+    return sorted(n for n in names if callable(getattr(torch, n, None)) and not inspect.isclass(getattr(torch, n)))
 # --- TorchScript (redirect/torchscript.py) ----------------------------------------------------
 __all__ += ["jit_builtin_table", "jit_global_functions", "jit_importers", "script_module_graphs",
             "jit_dead_code_elimination"]

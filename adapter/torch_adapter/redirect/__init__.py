@@ -6,7 +6,7 @@
 - :mod:`.dataflow`     DataLoader pinning, ``nn.DataParallel`` on the host
 - :mod:`.cuda_ns`      the ``torch.cuda`` namespace answered for the target (:mod:`.cuda_graphs`: CUDA graphs
                        emulated where the target has none)
-- :mod:`.custom_ops`   custom ops with a "cuda" kernel served on the target
+- :mod:`.cuda_bindings` the private ``torch._C._cuda_*`` stream/device bindings CUDA test bases call
 - :mod:`.custom_ops`   custom ops with only a "cuda" kernel run on the target (a session-owned kernel)
 - :mod:`.accelerator`  ``torch.accelerator`` answered as ``torch.cuda`` on the CPU target (torch's own calls: the truth)
 - :mod:`.amp`          autocast / GradScaler / custom_fwd, profiler activities, SDPA backends
@@ -31,8 +31,8 @@ __all__ = ["apply_all"]
 
 
 def apply_all(session: Any) -> None:
-    from . import (accelerator, amp, compiling, cuda_ns, custom_ops, devices, distributed, dtensor_rules, env, probes,
-                   torch_tables, torchscript)
+    from . import (accelerator, amp, compiling, cuda_bindings, cuda_ns, custom_ops, devices, distributed,
+                   dtensor_rules, env, probes, torch_tables, torchscript)
     from .log import remember
     from .._autoinstall import ENV_VAR, encode
 
@@ -42,6 +42,7 @@ def apply_all(session: Any) -> None:
     torch_tables.prepare(session)  # before any patch: torch's tables of its functions
     devices.apply(session)
     cuda_ns.apply(session)
+    cuda_bindings.apply(session)
     custom_ops.apply(session)
     accelerator.apply(session)
     amp.apply(session)

@@ -272,9 +272,30 @@ class StandIn:
                 ns[n] = getattr(torch, n)
 
         for n, (how, _) in TABLE.items():
-            if how == U:
+            if how == U and not inspect.ismodule(getattr(torch.cuda, n, None)):
                 ns[n] = _unsupported(n, getattr(torch.cuda, n, None))
         return ns
+
+
+# Unsupported *modules* stay the real module (every name torch.cuda.<module> has is still there:
+# ``torch.testing._internal.common_methods_invocations`` builds jiterator OpInfos at import);
+# their factories build objects as on CUDA, and what they build raises when called.
+_DEFERRED_FACTORIES = {"jiterator": ("_create_jit_fn", "_create_multi_output_jit_fn")}
+
+
+def _deferred_factory(module: str, name: str, original: Any) -> Callable[..., Any]:
+    """``original`` (a factory) whose product raises the adapter's error when it is called."""
+    def factory(*args: Any, **kwargs: Any) -> Any:
+        def launch(*a: Any, **k: Any) -> Any:
+            return _unsupported(module, None)(*a, **k)
+
+        launch.__name__ = launch.__qualname__ = f"{module}.{name}(...)"
+        return launch
+
+    factory.__name__ = factory.__qualname__ = name
+    factory.__signature__ = _signature(original)  # type: ignore[attr-defined]
+    factory.__wrapped__ = original  # type: ignore[attr-defined]
+    return factory
 
 
 def _check_error(res: int) -> None:
@@ -344,6 +365,11 @@ def apply(session: Any) -> None:
                 p.set(sub, name, value)
     if ns["CUDAGraph"] is cuda_graphs.CUDAGraph:
         cuda_graphs.capturable_optimizers(session)
+    for module, factories in _DEFERRED_FACTORIES.items():
+        mod = getattr(torch.cuda, module, None)
+        for name in factories:
+            if mod is not None and hasattr(mod, name):
+                p.set(mod, name, _deferred_factory(module, name, getattr(mod, name)))
     for name, value in _nvtx_patches(session).items():
         p.set(torch.cuda.nvtx, name, value)
     profiler_mod = getattr(torch.cuda, "profiler", None)

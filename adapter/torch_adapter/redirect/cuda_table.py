@@ -75,7 +75,7 @@ TABLE: dict[str, tuple[str, str]] = {
     "init": (A, "no-op"), "is_initialized": (A, "True"), "ipc_collect": (A, "no-op"),
     "is_available": (A, "True: CUDA-written code takes its CUDA path, redirected"),
     "is_bf16_supported": (A, "True"), "is_tf32_supported": (A, "False"),
-    "jiterator": (U, "compiles CUDA C++ at run time"),
+    "jiterator": (U, "module kept whole; _create_jit_fn builds as on CUDA, calling what it builds raises (it compiles CUDA C++ at run time)"),
     "list_gpu_processes": (A, "a text naming the CPU target and this process"),
     "memory": (K, "module; its functions answered as below"),
     "memory_allocated": (A, "bytes in use on the heap (mallinfo2)"),
@@ -131,6 +131,9 @@ if __name__ == "__main__":  # python -m torch_adapter.redirect.cuda_table > docs
     print("signature): `tests/test_signatures.py` calls each one with all its parameters by keyword.")
     print("A test keeps this page in sync.\n")
     print(table_markdown())
+    from .cuda_bindings import bindings_markdown
+
+    print(bindings_markdown())
     from .accelerator import accelerator_markdown
     from .cuda_graphs import DOC_MARKDOWN
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import copyreg
 import functools
+import sys
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -27,22 +29,19 @@ from torch.overrides import handle_torch_function, has_torch_function
 
 from .. import _torch_private as tp
 
+from .. import _torch_private as _tp
+
 __all__ = ["DeviceMapper", "apply"]
 
 mode_enabled = tp.torch_function_mode_check()
 
 _DEVICE = type(torch.device("cpu"))  # the C type (while installed the name torch.device is a stand-in)
 
-# torch.<name> functions that take device= (keyword-only in their schemas).
-FACTORIES = (
-    "empty", "empty_permuted", "empty_strided", "zeros", "ones", "full", "arange", "range",
-    "linspace", "logspace", "eye", "rand", "randn", "randint", "randperm", "normal",
-    "tensor", "as_tensor", "asarray", "scalar_tensor", "from_file",
-    "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like",
-    "tril_indices", "triu_indices", "bartlett_window", "blackman_window", "hamming_window",
-    "hann_window", "kaiser_window", "sparse_coo_tensor", "sparse_csr_tensor", "sparse_csc_tensor",
-    "sparse_bsr_tensor", "sparse_bsc_tensor", "sparse_compressed_tensor", "empty_quantized",
-)
+# Every torch.* function whose schema takes ``Device? device`` (derived from torch's schemas, so
+# private constructors such as ``_empty_affine_quantized`` are included), plus the Python-level
+# factories that have no aten schema of their own.
+PYTHON_FACTORIES = ("asarray",)
+FACTORIES = tuple(sorted(set(_tp.device_factory_names()) | set(PYTHON_FACTORIES)))
 SUBMODULE_FACTORIES = (("fft", "fftfreq"), ("fft", "rfftfreq"), ("nested", "nested_tensor"),
                        ("nested", "as_nested_tensor"))
 TENSOR_NEW = ("new_empty", "new_zeros", "new_ones", "new_full", "new_tensor", "new_empty_strided")
@@ -126,7 +125,8 @@ def _wrap_device_kwarg(orig: Callable, mapper: DeviceMapper, label: str, *, prot
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         dev = kwargs.get("device")
-        if dev is not None and mapper.is_cuda(dev) or type(dev) is int:
+        redirected = dev is not None and mapper.is_cuda(dev) or type(dev) is int
+        if redirected:
             kwargs["device"] = mapper.map(dev, f"{label}(device={_spell(dev)})", ints=True)
         if protocol:
             # __torch_function__ is handed the function the program called, as torch does for
@@ -136,11 +136,30 @@ def _wrap_device_kwarg(orig: Callable, mapper: DeviceMapper, label: str, *, prot
             relevant = args[:1] if like else ()
             if mode_enabled() or (relevant and has_torch_function(relevant)):
                 return handle_torch_function(wrapper, relevant, *args, **kwargs)
+        if redirected:  # torch's warnings name the caller's line, not this one
+            return _as_caller(orig, args, kwargs)
         return orig(*args, **kwargs)
 
     like = orig.__name__.endswith("_like")  # torch dispatches *_like on its input's type (a subclass)
     wrapper.__torch_adapter_original__ = orig  # type: ignore[attr-defined]
     return wrapper
+
+
+def _as_caller(orig: Callable, args: tuple, kwargs: dict) -> Any:
+    """``orig(*args, **kwargs)`` for a redirected call, with the warnings it raises attributed to
+    the line that called the wrapper (C++ warnings name the innermost Python frame: the
+    wrapper's). Only redirected calls pay for this; the filters apply once, at re-issue."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = orig(*args, **kwargs)
+    if caught:
+        frame = sys._getframe(2)  # _as_caller <- wrapper <- the caller
+        g = frame.f_globals
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, frame.f_code.co_filename, frame.f_lineno,
+                                   module=g.get("__name__"), registry=g.setdefault("__warningregistry__", {}),
+                                   module_globals=g)
+    return result
 
 
 def _looks_like_device(arg: Any) -> bool:
@@ -175,11 +194,15 @@ def apply(session: Any) -> DeviceMapper:
     orig_to = T.to
 
     def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        redirected = False
         if args and _looks_like_device(args[0]) and mapper.is_cuda(args[0]) or (args and type(args[0]) is int):
             args = (mapper.map(args[0], f"Tensor.to({_spell(args[0])})", ints=True), *args[1:])
+            redirected = True
         dev = kwargs.get("device")
         if dev is not None and (mapper.is_cuda(dev) or type(dev) is int):
             kwargs["device"] = mapper.map(dev, f"Tensor.to(device={_spell(dev)})", ints=True)
+        if redirected or dev is not None and kwargs["device"] is not dev:
+            return _as_caller(orig_to, (self, *args), kwargs)
         return orig_to(self, *args, **kwargs)
 
     p.set(T, "to", functools.wraps(orig_to)(to))

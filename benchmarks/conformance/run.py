@@ -1,0 +1,249 @@
+"""PyTorch's own device-generic tests as a conformance run of torch_adapter (README.md beside this).
+
+For each test file: (1) plain torch -> the CPU classes' outcomes; (2) the adapter installed
+before collection (``-p adapter_plugin``) -> CPU and CUDA classes. Each run is a fresh
+interpreter with pytest writing JUnit XML. Tests are matched by name (``test_x_cpu_float32`` <->
+``test_x_cuda_float32``); every test that passes on CPU-plain but fails under the adapter on
+CUDA is classified by :data:`RULES` (data: a regular expression over the failure text -> a
+named class, *by design* or *adapter defect*). A CPU-class outcome that changes between the
+two runs is listed too (goal: none).
+
+    python benchmarks/conformance/run.py TEST_DIR [--files a,b] [-k EXPR] [--json OUT]
+        [--timeout S] [--write-figures]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+DEFAULT_FILES = ("test_view_ops.py", "test_indexing.py", "test_shape_ops.py", "test_sort_and_select.py",
+                 "test_binary_ufuncs.py", "test_tensor_creation_ops.py", "test_reductions.py")
+BY_DESIGN, DEFECT = "by design", "adapter defect"
+
+# (class name, kind, regex over the failure message [its first line], regex over the whole
+# traceback or None) - first match wins; README.md documents each class once.
+Rule = tuple[str, str, str, "str | None"]
+RULES: list[Rule] = [
+    ("expects a cross-device error that cannot happen on one device", BY_DESIGN,
+     r"(RuntimeError|Exception) not raised",
+     r"(on the same device|Expected tensor to have .* but got tensor with|_cross_device|test_invalid_device|_mixed_devices)"),
+    ("asserts the result's device is cuda", BY_DESIGN,
+     r"(device\(type='cpu'\) != device\(type='cuda'|'cpu' != 'cuda'|is_cuda)", None),
+    ("CUDA-only kernel (cuDNN, jiterator, float8 CUDA kernels)", BY_DESIGN,
+     r"(jiterator|cudnn|cuDNN|not implemented for 'Float8)", None),
+    ("a once-per-process warning its CPU twin already raised in this interpreter", BY_DESIGN,
+     r"Warning not triggered", None),
+    ("TorchScript under the adapter (fixed on main, branch jit)", DEFECT, r".", r"torch/jit/"),
+    ("stand-in module lacks a name torch.cuda has", DEFECT,
+     r"AttributeError: .*(torch\.cuda|'function' object has no attribute)", None),
+    ("private torch._C._cuda_* binding missing", DEFECT, r"torch\._C' has no attribute '_cuda", None),
+    ("factory not redirected", DEFECT, r"(CUDA|cuda).*(not available|backend|Could not run|not compiled)", None),
+]
+OTHER = ("unclassified failure", DEFECT)
+
+
+def classify(text: str, rules: list[Rule] = RULES) -> tuple[str, str]:
+    """(class, kind) of a failure: the first rule whose message pattern matches the message
+    (first non-empty line) and whose context pattern, if any, matches anywhere in the text."""
+    message = next((ln for ln in text.splitlines() if ln.strip()), "")
+    for name, kind, msg_pattern, ctx_pattern in rules:
+        if re.search(msg_pattern, message) and (ctx_pattern is None or re.search(ctx_pattern, text)):
+            return name, kind
+    return OTHER
+
+
+def parse_junit(path: Path) -> dict[str, dict[str, str]]:
+    """``Class::test`` -> {"outcome": passed|failed|error|skipped, "text": message + traceback}."""
+    out: dict[str, dict[str, str]] = {}
+    if not path.exists():
+        return out
+    for case in ET.parse(path).getroot().iter("testcase"):
+        cls = case.get("classname", "").rsplit(".", 1)[-1]
+        key = f"{cls}::{case.get('name')}"
+        outcome, text = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
+                text = f"{child.get('message', '')}\n{child.text or ''}"
+                break
+        out[key] = {"outcome": outcome, "text": text}
+    return out
+
+
+def run_pytest(test_dir: Path, file: str, adapted: bool, xml: Path, *, timeout: int, k: str | None,
+               wall_limit: int) -> dict[str, Any]:
+    """One fresh interpreter: pytest over ``file`` writing JUnit XML; returns rc and wall time."""
+    env = dict(os.environ, PYTORCH_TEST_WITH_SLOW="0", PYTORCH_PRINT_REPRO_ON_FAILURE="0")
+    paths = [str(HERE)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    cmd = [sys.executable, "-m", "pytest", file, "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
+           "-o", "junit_logging=no", f"--timeout={timeout}", "-W", "ignore::DeprecationWarning"]
+    if adapted:
+        cmd += ["-p", "adapter_plugin"]
+    if k:
+        cmd += ["-k", k]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=test_dir, env=env, capture_output=True, text=True, timeout=wall_limit)
+        rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+    except subprocess.TimeoutExpired as exc:
+        rc, tail = -9, f"wall limit {wall_limit}s exceeded: {exc}"
+    return {"rc": rc, "wall_s": round(time.perf_counter() - t0, 1), "tail": tail}
+
+
+def _cuda_key(cpu_key: str) -> str:
+    cls, name = cpu_key.split("::", 1)
+    return f"{cls[:-3]}CUDA::{re.sub(r'_cpu(?=_|$)', '_cuda', name, count=1)}"
+
+
+def compare(plain: dict[str, dict[str, str]], adapted: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """Match CPU-plain tests to their CUDA-adapted twins; classify the ones that got worse."""
+    cpu = {k: v for k, v in plain.items() if k.split("::")[0].endswith("CPU")}
+    cpu_pass = [k for k, v in cpu.items() if v["outcome"] == "passed"]
+    rows, changed, cuda_pass = [], [], 0
+    for key in cpu_pass:
+        twin = adapted.get(_cuda_key(key))
+        if twin is None:
+            continue  # no CUDA twin (onlyCPU, dtypesIfCUDA differences): not comparable
+        if twin["outcome"] == "passed":
+            cuda_pass += 1
+        elif twin["outcome"] in ("failed", "error"):
+            name, kind = classify(twin["text"])
+            first = next((ln for ln in twin["text"].splitlines() if ln.strip()), "")[:200]
+            rows.append({"test": _cuda_key(key), "class": name, "kind": kind, "message": first})
+    for key, v in cpu.items():
+        a = adapted.get(key)
+        if a is not None and a["outcome"] != v["outcome"]:
+            why = classify(a["text"]) if a["outcome"] in ("failed", "error") else ("", "")
+            changed.append({"test": key, "plain": v["outcome"], "adapted": a["outcome"], "class": why[0],
+                            "kind": why[1], "message": a["text"].splitlines()[0][:200] if a["text"] else ""})
+    comparable = sum(1 for k in cpu_pass if _cuda_key(k) in adapted)
+    by_design = sum(1 for r in rows if r["kind"] == BY_DESIGN)
+    defects = sum(1 for r in rows if r["kind"] == DEFECT)
+    skipped = comparable - cuda_pass - len(rows)
+    denom = comparable - by_design - skipped
+    return {"tests": len(cpu), "cpu_pass": len(cpu_pass), "comparable": comparable, "cuda_pass": cuda_pass,
+            "cuda_skipped": skipped, "by_design": by_design, "defects": defects,
+            "percent": round(100.0 * cuda_pass / denom, 2) if denom > 0 else None,
+            "failures": rows, "cpu_changed": changed}
+
+
+def run_file(test_dir: Path, file: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    res: dict[str, Any] = {"file": file}
+    runs = {}
+    for adapted in (False, True):
+        xml = work / f"{file}.{'adapted' if adapted else 'plain'}.xml"
+        if args.reuse_xml and xml.exists():  # recompute from the last run's XML (its wall times kept)
+            info = {"wall_s": args.previous.get(file, {}).get(f"{'adapted' if adapted else 'plain'}_wall_s"), "tail": ""}
+        else:
+            xml.unlink(missing_ok=True)
+            info = run_pytest(test_dir, file, adapted, xml, timeout=args.timeout, k=args.k,
+                              wall_limit=args.wall_limit)
+        res[f"{'adapted' if adapted else 'plain'}_wall_s"] = info["wall_s"]
+        runs[adapted] = parse_junit(xml)
+        broken = [v["text"] for k, v in runs[adapted].items() if k.startswith("::") and v["outcome"] == "error"]
+        if broken:  # pytest's "collection failure": the file does not import against this torch
+            e_lines = [ln for ln in broken[0].splitlines() if ln.startswith("E ")]
+            res["error"] = f"import error ({'adapted' if adapted else 'plain'}): " + \
+                (e_lines[-1][1:].strip() if e_lines else broken[0].splitlines()[0])
+            return res
+        if not runs[adapted]:
+            res["error"] = ("import error" if "rror" in info["tail"] else "no results") + \
+                f" ({'adapted' if adapted else 'plain'}): " + info["tail"][-600:]
+            return res
+    res.update(compare(runs[False], runs[True]))
+    return res
+
+
+def meta() -> dict[str, Any]:
+    import platform
+
+    import torch
+
+    return {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch": torch.__version__,
+            "python": platform.python_version(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = ["| file | tests (CPU) | CPU pass | CUDA pass | CUDA skip | by design | defects | % | CPU changed | wall s (plain/adapted) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['file']} | {r['error'].splitlines()[0][:60]} | | | | | | | | |")
+            continue
+        pct = "-" if r["percent"] is None else f"{r['percent']:.1f}"
+        lines.append(f"| {r['file']} | {r['tests']} | {r['cpu_pass']} | {r['cuda_pass']} | {r['cuda_skipped']} | "
+                     f"{r['by_design']} | {r['defects']} | {pct} | {len(r['cpu_changed'])} | "
+                     f"{r['plain_wall_s']}/{r['adapted_wall_s']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("test_dir", type=Path)
+    ap.add_argument("--files", help="comma-separated file names (default: those of the seven present)")
+    ap.add_argument("-k", help="pytest -k expression (both runs)")
+    ap.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "conformance.json")
+    ap.add_argument("--timeout", type=int, default=120, help="per-test timeout (pytest-timeout), seconds")
+    ap.add_argument("--wall-limit", type=int, default=3600, help="per pytest run, seconds")
+    ap.add_argument("--write-figures", action="store_true")
+    ap.add_argument("--reuse-xml", action="store_true",
+                    help="classify the JUnit XML the last run left (no pytest run; after a rule change)")
+    args = ap.parse_args(argv)
+    args.previous = {}
+    if args.reuse_xml and args.json.exists():
+        args.previous = {r["file"]: r for r in json.loads(args.json.read_text()).get("results", [])}
+    files = args.files.split(",") if args.files else [f for f in DEFAULT_FILES if (args.test_dir / f).exists()]
+    work = args.json.parent / "conformance_xml"
+    work.mkdir(parents=True, exist_ok=True)
+    m = meta()
+    results = []
+    for f in files:
+        print(f"== {f}", flush=True)
+        results.append(run_file(args.test_dir.resolve(), f, work, args))
+        print(table(results[-1:]).splitlines()[-1], flush=True)
+    m["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    cmd = "python benchmarks/conformance/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.reuse_xml and args.json.exists():  # the figures are the earlier run's: its command and conditions
+        prev = json.loads(args.json.read_text())
+        cmd = prev.get("command", cmd).split("  # ")[0] + "  # classified again with --reuse-xml"
+        m = prev.get("meta", m)
+    doc = {"name": "conformance", "meta": m, "command": cmd, "results": results}
+    print(table(results))
+    for r in results:
+        for row in r.get("failures", []):
+            print(f"  [{row['kind']}] {row['class']}: {row['test']}  {row['message'][:100]}")
+        for row in r.get("cpu_changed", []):
+            print(f"  [CPU changed] {row['test']}: {row['plain']} -> {row['adapted']} [{row['kind']}] {row['class']}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    if args.write_figures:
+        fig = REPO / "docs" / "figures"
+        (fig / "conformance.json").write_text(json.dumps(doc, indent=2) + "\n")
+        (fig / "conformance.md").write_text(
+            "# Conformance: PyTorch's device-generic tests under torch_adapter\n\n"
+            f"Command: `{cmd}`\n\n{table(results)}\n\n"
+            f"torch {m['torch']}, CPU capability {m['cpu_capability']}, {m['cpu_count']} CPUs, "
+            f"{m['torch_threads']} torch threads, load average {m['load_average']} -> {m['load_average_end']}.\n"
+            "% = CUDA pass / (CPU pass with a CUDA twin − by design − CUDA skipped). "
+            "Classes: benchmarks/conformance/README.md.\n")
+        print(f"wrote {fig / 'conformance.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

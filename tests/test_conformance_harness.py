@@ -1,0 +1,75 @@
+"""The conformance harness (benchmarks/conformance/run.py) on a small device-generic test file
+this test writes itself: real ``instantiate_device_type_tests``, the real adapter installed
+before collection by the harness's plugin, both runs in fresh interpreters. Checks the matching
+(CPU-plain <-> CUDA-adapted), the classification rules and the CPU-unchanged check."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SYNTHETIC = '''
+import torch
+from torch.testing._internal.common_device_type import instantiate_device_type_tests, dtypes
+from torch.testing._internal.common_utils import TestCase
+
+
+class TestSynthetic(TestCase):
+    @dtypes(torch.float32, torch.int64)
+    def test_add(self, device, dtype):
+        x = torch.ones(3, device=device, dtype=dtype)
+        self.assertEqual((x + x).tolist(), [2, 2, 2])
+
+    def test_cross_device_error(self, device):
+        x = torch.ones(3, device=device)
+        if self.device_type == "cuda":
+            with self.assertRaisesRegex(RuntimeError, "on the same device"):
+                torch.nonzero(x, out=torch.empty([], dtype=torch.long))
+
+    def test_result_device(self, device):
+        self.assertEqual(torch.ones(1, device=device).device, torch.device(device))
+
+    def test_unknown_breakage(self, device):
+        if self.device_type == "cuda":
+            raise ValueError("something the rules do not know")
+
+
+instantiate_device_type_tests(TestSynthetic, globals(), only_for=("cpu", "cuda"))
+'''
+
+
+def _harness():
+    spec = importlib.util.spec_from_file_location("conformance_run", ROOT / "benchmarks" / "conformance" / "run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_harness_matches_and_classifies(tmp_path):
+    run = _harness()
+    (tmp_path / "test_synthetic.py").write_text(textwrap.dedent(SYNTHETIC))
+    out = tmp_path / "conformance.json"
+    assert run.main([str(tmp_path), "--files", "test_synthetic.py", "--json", str(out), "--timeout", "120"]) == 0
+    import json
+
+    res = json.loads(out.read_text())["results"][0]
+    assert "error" not in res, res
+    assert (res["tests"], res["cpu_pass"], res["cuda_pass"]) == (5, 5, 2)
+    by_test = {f["test"]: (f["class"], f["kind"]) for f in res["failures"]}
+    assert by_test == {
+        "TestSyntheticCUDA::test_cross_device_error_cuda":
+            ("expects a cross-device error that cannot happen on one device", run.BY_DESIGN),
+        "TestSyntheticCUDA::test_result_device_cuda": ("asserts the result's device is cuda", run.BY_DESIGN),
+        "TestSyntheticCUDA::test_unknown_breakage_cuda": run.OTHER,
+    }
+    assert res["cpu_changed"] == []
+    assert (res["by_design"], res["defects"]) == (2, 1)
+    assert res["percent"] == round(100 * 2 / (5 - 2), 2)
+
+
+def test_rules_need_their_context():
+    run = _harness()
+    assert run.classify("AssertionError: RuntimeError not raised by <lambda>\n  'on the same device'")[1] == run.BY_DESIGN
+    assert run.classify("AssertionError: RuntimeError not raised by <lambda>\n  'a value error'") == run.OTHER

@@ -1,0 +1,54 @@
+"""The factory set is complete (derived from torch's schemas) and warnings raised inside a
+redirected call name the caller's line, not the adapter's."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import torch
+
+import torch_adapter
+
+
+def _schema_factories() -> set[str]:
+    """Every torch.<name> function whose aten schema has ``Device? device`` (torch's registry)."""
+    names = {s.name[len("aten::"):] for s in torch._C._jit_get_all_schemas() if s.name.startswith("aten::")
+             and any(a.name == "device" and str(a.type) == "Optional[Device]" for a in s.arguments)}
+    return {n for n in names if callable(getattr(torch, n, None)) and not inspect.isclass(getattr(torch, n))}
+
+
+def test_every_schema_factory_is_redirected():
+    expected = _schema_factories()
+    assert {"_empty_affine_quantized", "_empty_per_channel_affine_quantized", "empty", "zeros_like"} <= expected
+    with torch_adapter.adapted("cpu"):
+        missing = sorted(n for n in expected if not hasattr(getattr(torch, n), "__torch_adapter_original__"))
+        assert not missing, f"not redirected: {missing}"
+        q = torch._empty_affine_quantized([2, 3], scale=2, zero_point=3, dtype=torch.quint8, device="cuda")
+        pc = torch._empty_per_channel_affine_quantized(
+            [2, 3], scales=torch.ones(2, dtype=torch.double), zero_points=torch.zeros(2, dtype=torch.long),
+            axis=0, dtype=torch.quint8, device="cuda")
+        assert (q.device.type, pc.device.type) == ("cpu", "cpu")
+
+
+def _warned_at(fn) -> list[tuple[str, str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn()
+    return [(w.filename, str(w.message)[:40]) for w in caught]
+
+
+def test_warnings_inside_redirected_calls_name_the_callers_line():
+    here = __file__
+    calls = [
+        lambda: torch.tensor(torch.ones(2), device="cuda"),  # "To copy construct from a tensor..."
+        lambda: torch.empty(3).new_tensor(torch.ones(2), device="cuda"),  # Tensor.new_* go through it too
+    ]
+    with torch_adapter.adapted("cpu"):
+        for call in calls:
+            sites = _warned_at(call)
+            assert sites, "the call warns"
+            assert all(f == here for f, _ in sites), sites
+    # without the fix these name redirect/devices.py: the same calls on plain torch name this file
+    # too, so the adapted run must not differ
+    assert all(f == here for f, _ in _warned_at(lambda: torch.tensor(torch.ones(2))))
