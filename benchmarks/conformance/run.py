@@ -91,6 +91,7 @@ def run_pytest(test_dir: Path, file: str, adapted: bool, xml: Path, *, timeout: 
            "-o", "junit_logging=no", f"--timeout={timeout}", "-W", "ignore::DeprecationWarning"]
     if adapted:
         cmd += ["-p", "adapter_plugin"]
+    cmd += ["-p", "compat_plugin"]  # both runs: the newer test files on 2.13's test helpers (compat_plugin.py)
     if k:
         cmd += ["-k", k]
     t0 = time.perf_counter()
@@ -200,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=int, default=120, help="per-test timeout (pytest-timeout), seconds")
     ap.add_argument("--wall-limit", type=int, default=3600, help="per pytest run, seconds")
     ap.add_argument("--write-figures", action="store_true")
+    ap.add_argument("--figures-name", default="conformance",
+                    help="docs/figures/NAME.{json,md} for --write-figures (a second selection keeps the first's)")
     ap.add_argument("--reuse-xml", action="store_true",
                     help="classify the JUnit XML the last run left (no pytest run; after a rule change)")
     args = ap.parse_args(argv)
@@ -233,15 +236,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.json}")
     if args.write_figures:
         fig = REPO / "docs" / "figures"
-        (fig / "conformance.json").write_text(json.dumps(doc, indent=2) + "\n")
-        (fig / "conformance.md").write_text(
+        (fig / f"{args.figures_name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+        (fig / f"{args.figures_name}.md").write_text(
             "# Conformance: PyTorch's device-generic tests under torch_adapter\n\n"
             f"Command: `{cmd}`\n\n{table(results)}\n\n"
             f"torch {m['torch']}, CPU capability {m['cpu_capability']}, {m['cpu_count']} CPUs, "
             f"{m['torch_threads']} torch threads, load average {m['load_average']} -> {m['load_average_end']}.\n"
             "% = CUDA pass / (CPU pass with a CUDA twin − by design − CUDA skipped). "
             "Classes: benchmarks/conformance/README.md.\n")
-        print(f"wrote {fig / 'conformance.md'}")
+        print(f"wrote {fig / (args.figures_name + '.md')}")
     return 0
 
 
