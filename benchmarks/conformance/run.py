@@ -210,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.reuse_xml and args.json.exists():
         args.previous = {r["file"]: r for r in json.loads(args.json.read_text()).get("results", [])}
     files = args.files.split(",") if args.files else [f for f in DEFAULT_FILES if (args.test_dir / f).exists()]
+    args.json = args.json.resolve()  # pytest runs in TEST_DIR: the XML path must not be relative
     work = args.json.parent / "conformance_xml"
     work.mkdir(parents=True, exist_ok=True)
     m = meta()
