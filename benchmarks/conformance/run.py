@@ -39,7 +39,11 @@ RULES: list[Rule] = [
      r"(RuntimeError|Exception) not raised",
      r"(on the same device|Expected tensor to have .* but got tensor with|_cross_device|test_invalid_device|_mixed_devices)"),
     ("asserts the result's device is cuda", BY_DESIGN,
-     r"(device\(type='cpu'\) != device\(type='cuda'|'cpu' != 'cuda'|is_cuda)", None),
+     r"(device\(type='cpu'\) != device\(type='cuda'|device\(type='cuda', index=0\) != device\(type='cpu'\)"
+     r"|'cpu' != 'cuda|'cuda(:0)?' != 'cpu'|is_cuda)", None),
+    ("takes its CUDA branch (torch.cuda.is_available() is True) and expects a second, distinct device", BY_DESIGN,
+     r"(not raised|unexpectedly identical)",
+     r"(torch\.cuda\.is_available\(\)|get_another_device|_mult_devices|same_device=False|torch\.cuda\.\w+Tensor\(device=)"),
     ("CUDA-only kernel (cuDNN, jiterator, float8 CUDA kernels)", BY_DESIGN,
      r"(jiterator|cudnn|cuDNN|not implemented for 'Float8)", None),
     ("a once-per-process warning its CPU twin already raised in this interpreter", BY_DESIGN,
