@@ -148,7 +148,10 @@ def _wrap_device_kwarg(orig: Callable, mapper: DeviceMapper, label: str, *, prot
 def _as_caller(orig: Callable, args: tuple, kwargs: dict) -> Any:
     """``orig(*args, **kwargs)`` for a redirected call, with the warnings it raises attributed to
     the line that called the wrapper (C++ warnings name the innermost Python frame: the
-    wrapper's). Only redirected calls pay for this; the filters apply once, at re-issue."""
+    wrapper's). Only redirected calls pay for this; the filters apply once, at re-issue. Not while
+    dynamo traces (a ``catch_warnings`` block is a graph break; compiled code warns at trace time)."""
+    if _dynamo_compiling():
+        return orig(*args, **kwargs)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = orig(*args, **kwargs)
@@ -160,6 +163,9 @@ def _as_caller(orig: Callable, args: tuple, kwargs: dict) -> Any:
                                    module=g.get("__name__"), registry=g.setdefault("__warningregistry__", {}),
                                    module_globals=g)
     return result
+
+
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
 def _looks_like_device(arg: Any) -> bool:
