@@ -359,8 +359,9 @@ def test_subsystem_before_during_after(name, order, tmp_path):
         assert done.returncode == 0 and "PLAIN-OK" in done.stdout, done.stderr[-4000:]
 
 
-@pytest.mark.xfail(strict=True, reason="redirect/device_ordinal.py (jit/dyn work): the name torch.device is a "
-                   "stand-in class while installed, so type(d) is torch.device is False (isinstance is right)")
+@pytest.mark.xfail(strict=True, reason="a deliberate limit (docs/redirect.md, 'Why the stand-in stays'): the name "
+                   "torch.device is a stand-in class while installed so that torch.device(0) means cuda:0, hence "
+                   "type(d) is torch.device is False (isinstance, ==, hash and pickling are torch's)")
 def test_type_of_a_device_is_torch_device_while_installed():
     torch_adapter.install("cpu")
     assert type(torch.device("cpu")) is torch.device
