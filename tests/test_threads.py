@@ -242,3 +242,37 @@ def test_trace_in_a_simulated_session_counts_the_ops_of_threads_started_in_the_b
     lingering.join()
     assert counted == 60, log.summary()  # 2 × 20 + the pool thread's first 20 mm
     assert log.summary()["native"] == 60, "a thread outliving the block kept recording into its log"
+
+
+def test_a_first_import_of_dynamo_does_not_unpatch_torch_for_other_threads():
+    """torch._dynamo's first import in a session ran with the patches suspended for every thread:
+    a second thread's device="cuda" factory met torch's own meanwhile ("Torch not compiled with CUDA
+    enabled"; run --report of a two-thread script lost one thread under load)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import sys, threading, torch, torch_adapter
+        assert "torch._dynamo" not in sys.modules
+        torch_adapter.install(target="cpu")
+        errors, stop = [], threading.Event()
+
+        def factories():
+            while not stop.is_set():
+                try:
+                    torch.zeros(1, device="cuda")
+                except Exception as exc:
+                    errors.append(repr(exc))
+                    return
+
+        t = threading.Thread(target=factories)
+        t.start()
+        import torch._dynamo  # the first import, while the other thread runs
+        stop.set()
+        t.join()
+        assert not errors, errors
+        print("OK")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]

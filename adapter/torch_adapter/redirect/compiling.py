@@ -47,13 +47,27 @@ __all__ = ["MODES", "prepare", "apply"]
 MODES = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 
+def _alone(p: Any) -> Any:
+    """The patches suspended for torch._dynamo's first import — only while this is the process's
+    one thread. ``Patcher.suspended`` swaps torch's attributes for every thread: with others running
+    (a worker thread's first trace() or ``torch._disable_dynamo`` call imports dynamo), they would call
+    torch's own factories meanwhile, and a ``device="cuda"`` one fails ("Torch not compiled with CUDA
+    enabled"; found by ``run --report`` of a two-thread script under load). Then dynamo's import-time
+    tables may hold stand-ins for the session — compiled code can graph-break, never eager code — and
+    are forgotten at uninstall as before."""
+    import contextlib
+    import threading
+
+    return p.suspended() if threading.active_count() == 1 else contextlib.nullcontext()
+
+
 def prepare(session: Any) -> None:
     """Before any patch: dynamo's tables from torch's own objects, now or as it is imported
     during the session (module docstring)."""
     if session.target.device_type == "cuda":
         return
     p = session.patcher
-    after_import(p, "torch._dynamo", lambda _module: tp.build_dynamo_tables(), around=p.suspended)
+    after_import(p, "torch._dynamo", lambda _module: tp.build_dynamo_tables(), around=lambda: _alone(p))
     p.before_restore(lambda values: tp.forget_dynamo_tables({id(v) for v in values if callable(v)}))
 
 

@@ -263,8 +263,9 @@ def _following_threads(log: RoutingLog, engine: Any, decide: Any, key: Any) -> I
             state.recorder = recorder
             recorder.__enter__()  # the thread's dispatch-mode stack ends with the thread
             followed.append(recorder)
-        except Exception:  # instrumentation never breaks the user's thread
-            return
+        except Exception as exc:  # instrumentation never breaks the user's thread: it reports itself
+            print(f"torch_adapter: trace() could not follow thread {threading.current_thread().name!r} "
+                  f"({type(exc).__name__}: {exc}); its ops are not in this report", file=sys.stderr)
 
     threading.setprofile(start)
     try:
