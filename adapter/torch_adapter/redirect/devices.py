@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copyreg
 import functools
-import threading
 import sys
 import warnings
 from typing import Any, Callable
@@ -150,11 +149,10 @@ def _as_caller(orig: Callable, args: tuple, kwargs: dict) -> Any:
     """``orig(*args, **kwargs)`` for a redirected call, with the warnings it raises attributed to
     the line that called the wrapper (C++ warnings name the innermost Python frame: the
     wrapper's). Only redirected calls pay for this; the filters apply once, at re-issue. Not while
-    dynamo traces (a ``catch_warnings`` block is a graph break; compiled code warns at trace time),
-    and only while this is the process's one thread: ``catch_warnings`` swaps process-wide state
-    (the filters, ``showwarning``), so with other threads running it would capture their warnings
-    and could undo their filter changes — then the warning names this line, as torch's would."""
-    if _dynamo_compiling() or threading.active_count() > 1:
+    dynamo traces (a ``catch_warnings`` block is a graph break; compiled code warns at trace time).
+    Known limit: ``catch_warnings`` swaps process-wide state, so a warning another thread raises in
+    this window is re-issued here too (a thread-safe way is open: issue 21)."""
+    if _dynamo_compiling():
         return orig(*args, **kwargs)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
