@@ -112,7 +112,8 @@ class Patcher:
         self._before.append(fn)
 
     def patches(self) -> list[tuple[Any, str, Any, Any]]:
-        """``(owner, name, original, value now)`` for every patch, oldest first."""
+        """``(owner, name, original, value now)`` for every patch, oldest first: for tables torch
+        keys by its objects' identity (``redirect/torchscript.py``, ``redirect/torch_tables.py``)."""
         out = []
         for key in self._order:
             owner, name, _had, original = self._saved[key]
@@ -122,11 +123,6 @@ class Patcher:
     def values(self) -> list[Any]:
         """The objects patched in, as they are now."""
         return [getattr(owner, name, MISSING) for owner, name, _had, _orig in self._saved.values()]
-
-    def originals(self) -> list[tuple[Any, Any]]:
-        """``(object patched in now, the original)`` for every patched attribute: for tables
-        torch keys by its objects' identity (``redirect/torchscript.py``)."""
-        return [(getattr(owner, name, MISSING), orig) for owner, name, _had, orig in self._saved.values()]
 
     def restore(self) -> None:
         """Undo every patch, newest first; the environment as it was; then the

@@ -72,7 +72,7 @@ def register_builtins(p: Any, table: dict[int, str]) -> int:
     """Each patched-in object whose original TorchScript knows as a builtin, under the same op
     name, restorably. Returns how many were added now."""
     added = 0
-    for value, original in p.originals():
+    for _owner, _name, original, value in p.patches():
         op = table.get(id(original))
         if op is not None and table.get(id(value)) != op:
             p.set_item(table, id(value), op)
