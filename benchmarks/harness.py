@@ -102,7 +102,7 @@ def adapted(target: str = "cpu", *, name: str = "adapted", goal: float | None = 
 
 
 def _real_cuda() -> bool:
-    from torch_adapter._torch_private import cuda_device_count
+    from torch_adapter.core.torch_private import cuda_device_count
 
     return cuda_device_count() > 0
 

@@ -13,8 +13,8 @@ import subprocess
 import sys
 import textwrap
 
-from torch_adapter._after_import import after_import, finders
-from torch_adapter.patching import Patcher
+from torch_adapter.core.after_import import after_import, finders
+from torch_adapter.core.patching import Patcher
 
 
 def test_two_waiting_patchers_both_see_the_module_once(tmp_path, monkeypatch):
@@ -53,7 +53,7 @@ def test_a_restored_patcher_is_not_called_and_an_imported_module_is_served_at_on
 _STACK_SCRIPT = textwrap.dedent("""
     import sys, torch, torch_adapter
     from torch_adapter import session
-    from torch_adapter._after_import import finders
+    from torch_adapter.core.after_import import finders
 
     def count(where):
         names = [f.name for f in finders()]

@@ -8,7 +8,8 @@ import torch
 from IPython.testing import globalipapp
 from IPython.utils.capture import capture_output
 
-from torch_adapter import _callsite, _chrome_trace
+from torch_adapter.core import callsite as _callsite
+from torch_adapter.tools import chrome_trace as _chrome_trace
 
 
 @pytest.fixture(scope="module")

@@ -224,7 +224,7 @@ def test_rules_from_a_fifo_are_refused_not_waited_on(proj, tmp_path):
 
 
 def test_rules_file_over_the_size_limit_is_refused(proj, tmp_path, capsys):
-    from torch_adapter._safe_io import READ_LIMIT
+    from torch_adapter.core.safe_io import READ_LIMIT
 
     big = tmp_path / "big.toml"
     with open(big, "wb") as fh:

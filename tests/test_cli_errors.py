@@ -64,7 +64,7 @@ def test_an_unreadable_script_is_a_message(folder_mode, why):
 
 
 def _problem_as_nobody(folder, folder_mode: int) -> str:
-    from torch_adapter.runner import _script_problem
+    from torch_adapter.launch.runner import _script_problem
 
     script = folder / "private.py"
     script.write_text("print('hi')\n")

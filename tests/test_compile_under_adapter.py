@@ -80,7 +80,7 @@ def test_a_compiled_model_is_not_recompiled_when_the_aggressive_session_is_enter
                 for _ in range(2):
                     model(x).sum().backward()
                 frames.append(counters()["stats"]["unique_graphs"])
-        compiled = [r for r in torch_adapter.optimizing.applied() if "compile" in r["what"]]
+        compiled = [r for r in torch_adapter.optimization.layer.applied() if "compile" in r["what"]]
         print(json.dumps({"graphs": frames, "breaks": breaks()}))
     """)
     first, *later = got["graphs"]

@@ -12,10 +12,10 @@ import torch
 import torch.nn as nn
 
 import torch_adapter
-from torch_adapter import _memory_server, _tool_mode, debug
-from torch_adapter._torch_private import dispatch_mode_stack
+from torch_adapter.tools import memory_server as _memory_server, tool_mode as _tool_mode, debug
+from torch_adapter.core.torch_private import dispatch_mode_stack
 from torch_adapter.errors import NumericsError, UsageError
-from torch_adapter.preparing import PrepareWarning, plan, prepare
+from torch_adapter.optimization.prepare import PrepareWarning, plan, prepare
 from torch_adapter.session import Config
 
 

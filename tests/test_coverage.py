@@ -258,7 +258,7 @@ def test_terminal_and_markdown(small):
 def test_cli_writes_json_and_self_contained_html(tmp_path, capsys):
     out_json, out_html = tmp_path / "cov.json", tmp_path / "cov.html"
     out_html.write_text("old")
-    from torch_adapter.cli import main
+    from torch_adapter.cli.main import main
 
     code = main(["coverage", "--models", "custom_op", "--targets", "mps", "--json", str(out_json),
                  "--html", str(out_html), "--top", "3"])

@@ -10,8 +10,8 @@ import torch
 import torch.nn as nn
 
 import torch_adapter
-from torch_adapter import _tool_mode, debug
-from torch_adapter._torch_private import dispatch_mode_stack
+from torch_adapter.tools import tool_mode as _tool_mode, debug
+from torch_adapter.core.torch_private import dispatch_mode_stack
 from torch_adapter.errors import AdapterError, NumericsError, UsageError
 from torch_adapter.routing.trace import trace
 

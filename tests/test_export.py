@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import torch_adapter
 from torch_adapter.errors import UsageError
-from torch_adapter.exporting import ExportResult, export
+from torch_adapter.tools.exporting import ExportResult, export
 
 
 class Lacking(nn.Module):

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from torch_adapter.errors import UsageError
-from torch_adapter.exporting import export
+from torch_adapter.tools.exporting import export
 
 
 class Stats(nn.Module):

@@ -121,7 +121,7 @@ def test_export_tracing_is_not_observed(backend):
 
 
 def test_debug_checks_are_not_observed(backend):
-    from torch_adapter import debug
+    from torch_adapter.tools import debug
 
     a = torch.ones(8)
 
@@ -138,7 +138,7 @@ def test_debug_checks_are_not_observed(backend):
 
 
 def test_a_tool_mode_re_dispatch_is_counted_once_with_the_ops_pieces(backend):
-    from torch_adapter import memory
+    from torch_adapter.tools import memory
 
     a = torch.ones(4, 4)
 

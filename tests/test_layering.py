@@ -1,4 +1,4 @@
-"""The import graph: the current session lives at the bottom (torch_adapter._state); nothing
+"""The import graph: the current session lives at the bottom (torch_adapter.core.state); nothing
 below torch_adapter.session imports it, so there is no loop through the session."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch_adapter
 
 PACKAGE = Path(torch_adapter.__file__).parent
 # The entry points above the session: they install, switch and uninstall sessions.
-ABOVE = {"session", "runner", "cli", "export_cli", "memory_cli", "_autoinstall", "__init__", "__main__",
+ABOVE = {"session", "launch.runner", "cli.main", "cli.export", "cli.memory", "launch.autoinstall", "__init__", "__main__",
          "jupyter.magics", "jupyter.compare", "jupyter.extension"}
 
 

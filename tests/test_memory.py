@@ -15,10 +15,10 @@ import torch
 import torch.nn as nn
 
 import torch_adapter
-from torch_adapter import _memory_server, memory
-from torch_adapter.cli import main as cli_main
+from torch_adapter.tools import memory_server as _memory_server, memory
+from torch_adapter.cli.main import main as cli_main
 from torch_adapter.errors import UsageError
-from torch_adapter.memory_cli import fetch
+from torch_adapter.cli.memory import fetch
 
 MiB = 1 << 20
 

@@ -14,8 +14,8 @@ import textwrap
 
 import pytest
 
-from torch_adapter import _memory_server as ms
-from torch_adapter.cli import main as cli_main
+from torch_adapter.tools import memory_server as ms
+from torch_adapter.cli.main import main as cli_main
 
 
 @pytest.fixture

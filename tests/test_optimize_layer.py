@@ -10,7 +10,8 @@ import torch
 import torch.nn as nn
 
 import torch_adapter
-from torch_adapter import optimize, optimizing
+from torch_adapter import optimize
+from torch_adapter.optimization import layer as optimizing
 from torch_adapter.errors import RegistrationError
 
 

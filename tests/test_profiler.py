@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 import torch_adapter
-from torch_adapter import profiler
+from torch_adapter.tools import profiler
 from torch_adapter.errors import UsageError
 
 

@@ -26,7 +26,7 @@ def test_import_has_no_side_effects():
         "import torch_adapter\n"
         "after = {n: id(getattr(torch.cuda, n)) for n in dir(torch.cuda)}\n"
         "t_after = {n: id(v) for n, v in vars(torch.Tensor).items()}\n"
-        "import torch_adapter.target as t\n"
+        "import torch_adapter.routing.target as t\n"
         "print(json.dumps({'same': before == after and t_before == t_after,\n"
         "  'heavy': [m for m in ('IPython', 'ipywidgets', 'plotly', 'torch_adapter_widgets', 'yaml',\n"
         "           'torch_adapter.redirect', 'torch_adapter.routing.engine') if m in sys.modules],\n"

@@ -82,7 +82,7 @@ def test_choose_route_is_pure_and_cached():
 
 def test_deny_list_has_reasons_and_is_honoured(tmp_path):
     assert all(len(reason) > 20 for reason in rules.TRAINING_UNSAFE_DECOMPOSITIONS.values())
-    from torch_adapter._torch_private import decompositions
+    from torch_adapter.core.torch_private import decompositions
 
     # on a simulated accelerator the CPU's attention kernel is routed as the target's own member
     # (tests/test_routing_families.py); the deny-list applies where the op itself must run

@@ -276,7 +276,7 @@ def test_full_opinfo_sweep(op_db, mps_engine):
     fig["seconds"] = round(time.perf_counter() - t0, 1)
     fig["max_samples_per_op_dtype"] = cap
     fig["torch"] = torch.__version__
-    from torch_adapter._safe_io import write_text
+    from torch_adapter.core.safe_io import write_text
 
     write_text(FIGURES / "routing_opinfo_mps.json", json.dumps({"figures": fig, "records": records}, indent=1))
     lines = [f"# OpInfo sweep under simulated mps (torch {torch.__version__})", "",

@@ -132,7 +132,7 @@ def test_run_script_that_raises_shows_user_traceback(tmp_path):
     assert res.returncode == 1
     assert "ValueError: boom here" in res.stderr
     assert f'File "{script}", line 7' in res.stderr and f'File "{script}", line 5' in res.stderr
-    assert "runpy" not in res.stderr and "torch_adapter/runner.py" not in res.stderr
+    assert "runpy" not in res.stderr and "torch_adapter/launch/runner.py" not in res.stderr
 
 
 def test_run_missing_script_is_a_usage_error(tmp_path):

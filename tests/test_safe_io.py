@@ -1,4 +1,4 @@
-"""The one safe writer and the bounded reader (torch_adapter._safe_io) that every command uses."""
+"""The one safe writer and the bounded reader (torch_adapter.core.safe_io) that every command uses."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import textwrap
 
 import pytest
 
-from torch_adapter._safe_io import (READ_LIMIT, FileProblem, OutputError, atomic_writer, check_output,
-                                    read_bounded, write_text)
+from torch_adapter.core.safe_io import (READ_LIMIT, FileProblem, OutputError, atomic_writer, check_output, read_bounded, write_text)
 from torch_adapter.errors import UsageError
 
 
@@ -100,7 +99,7 @@ def test_a_failure_while_writing_leaves_the_original_whole(tmp_path):
 
 _TOO_BIG = textwrap.dedent("""
     import resource, signal, sys
-    from torch_adapter._safe_io import OutputError, write_text
+    from torch_adapter.core.safe_io import OutputError, write_text
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # the file system is "full" past 4 KiB
     try:
@@ -122,7 +121,7 @@ def test_a_write_that_cannot_finish_leaves_the_original_whole(tmp_path):
 
 _WRITER = textwrap.dedent("""
     import json, sys
-    from torch_adapter._safe_io import write_text
+    from torch_adapter.core.safe_io import write_text
     me, path = sys.argv[1], sys.argv[2]
     for i in range(40):
         write_text(path, json.dumps({"writer": me, "i": i, "pad": [me] * 20000}))

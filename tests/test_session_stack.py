@@ -170,7 +170,7 @@ def test_restore_is_all_or_nothing_and_names_every_failure():
     import types
 
     from torch_adapter.errors import RestoreError
-    from torch_adapter.patching import Patcher
+    from torch_adapter.core.patching import Patcher
 
     owner = types.SimpleNamespace(a=1, b=2)
     p = Patcher()
@@ -215,7 +215,7 @@ def test_a_failing_undo_of_a_failed_install_keeps_the_install_error(monkeypatch)
 
 def test_configure_is_atomic_when_applying_fails(monkeypatch):
     """configure() stored the new config before applying it: a failure half-applied it."""
-    from torch_adapter import optimizing
+    from torch_adapter.optimization import layer as optimizing
 
     session = torch_adapter.install(target="cpu")
     assert session.routing is None

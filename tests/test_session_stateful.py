@@ -32,7 +32,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import torch_adapter
 from torch_adapter import optimize, register_fallback
-from torch_adapter._after_import import finders
+from torch_adapter.core.after_import import finders
 from torch_adapter.session import suspended, switch
 
 HEAVISIDE = "aten::heaviside"

@@ -186,7 +186,7 @@ def test_every_patch_target_is_the_object_torch_looks_the_name_up_on():
         # the private torch._C._cuda_* bindings a CUDA build has and a CPU build lacks are set on
         # purpose (redirect/cuda_bindings.py): CUDA-written code looks them up on torch._C
         cuda_build_binding = owner is torch._C and name in cuda_bindings.BINDINGS
-        if orig is torch_adapter.patching.MISSING and not cuda_build_binding:
+        if orig is torch_adapter.core.patching.MISSING and not cuda_build_binding:
             wrong.append(f"{_label(owner, name)}: the name did not exist there (torch never looks it up)")
     assert not wrong, "\n".join(wrong)
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import torch_adapter
-from torch_adapter import debug, register_fallback
+from torch_adapter.tools import debug
+from torch_adapter import register_fallback
 from torch_adapter.errors import UsageError
 
 
@@ -124,7 +125,7 @@ def test_debug_checks_switched_off_from_another_thread():
     assert "error" not in out
     torch.log(torch.tensor([-1.0]))  # the mode left on this thread passes ops through
     torch_adapter.uninstall()  # the owning thread takes the stale mode off
-    from torch_adapter._torch_private import dispatch_mode_stack
+    from torch_adapter.core.torch_private import dispatch_mode_stack
 
     assert dispatch_mode_stack() == []
 

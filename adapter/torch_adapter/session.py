@@ -1,7 +1,7 @@
 """The adapter session: install(), uninstall(), adapted(), configure().
 
 One :class:`AdapterSession` is *active* at a time and holds everything installed: the
-target, the config, the :class:`~torch_adapter.patching.Patcher` with every patch, the
+target, the config, the :class:`~torch_adapter.core.patching.Patcher` with every patch, the
 redirect log, the routing engine (when ops are enforced: simulated targets, fallback
 policies), the registry of user extensions and the optimization layer. ``uninstall()``
 closes it and torch is exactly as before.
@@ -10,7 +10,7 @@ closes it and torch is exactly as before.
 ``%adapter target`` *suspend* the active session (its patches, engine kernels, module
 replacements, debug checks and optimizations come off; its config, registrations, policy,
 logs and handle stay) and *resume* it intact afterwards: the same object, active again.
-The current-session state lives in :mod:`torch_adapter._state`, which every layer reads.
+The current-session state lives in :mod:`torch_adapter.core.state`, which every layer reads.
 
 **Threads.** The session is process-wide: every thread runs on the active one. A thread
 may share it (``adapted()`` with the same settings yields it; the last block to leave
@@ -28,13 +28,12 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
-from . import _state
-from ._state import current
-from .config import (AMP_POLICIES, COLLECTIVE_BACKENDS, DEBUG_MODES, MEMORY_STRATEGIES,  # noqa: F401 - re-exported
-                     MIXED_PRECISION, OPTIMIZATION_LEVELS, Config, make_config)
+from .core import state as _state
+from .core.state import current
+from .core.config import (AMP_POLICIES, COLLECTIVE_BACKENDS, DEBUG_MODES, MEMORY_STRATEGIES, MIXED_PRECISION, OPTIMIZATION_LEVELS, Config, make_config)
 from .errors import UsageError, format_error
-from .patching import Patcher
-from .target import Target, resolve
+from .core.patching import Patcher
+from .routing.target import Target, resolve
 
 __all__ = ["AdapterSession", "Config", "install", "uninstall", "adapted", "configure", "current", "suspended",
            "switch"]
@@ -69,7 +68,7 @@ class AdapterSession:
 
     # -- lifecycle ---------------------------------------------------------------
     def _open(self) -> None:
-        from ._session_tools import apply as apply_tools
+        from .tools.session_tools import apply as apply_tools
         from .redirect import apply_all
 
         try:
@@ -90,7 +89,7 @@ class AdapterSession:
         return bool(self.target.simulated or cfg.fallback != "allow" or cfg.force_cpu or cfg.deny)
 
     def _apply_optimizations(self, old: Config | None) -> None:
-        from . import optimizing
+        from .optimization import layer as optimizing
 
         optimizing.apply(self, old)
 
@@ -191,7 +190,7 @@ def _prepare(target: Any, simulate: Any, options: dict[str, Any], call: str) -> 
                                       fix="e.g. install('mps', simulate=True)"))
     tgt = resolve(target, simulate=simulate)
     if "memory_server" not in options:
-        from ._memory_server import env_enabled
+        from .tools.memory_server import env_enabled
 
         if env_enabled():
             options = {**options, "memory_server": True}
@@ -424,7 +423,7 @@ def configure(**options: Any) -> Config:
 
 def _reconfigure(session: AdapterSession, old: Config, cfg: Config) -> None:
     """Apply ``cfg`` to the installed ``session`` whose settings were ``old``."""
-    from ._session_tools import apply as apply_tools
+    from .tools.session_tools import apply as apply_tools
 
     session.config = cfg
     if session._enforces(cfg):
@@ -437,7 +436,7 @@ def _reconfigure(session: AdapterSession, old: Config, cfg: Config) -> None:
 
 def _rollback(session: AdapterSession, new: Config, old: Config, had_routing: bool) -> list[BaseException]:
     """Every part of a failed :func:`configure` back to ``old``, each step tried; the failures."""
-    from ._session_tools import apply as apply_tools
+    from .tools.session_tools import apply as apply_tools
 
     session.config = old
     failures: list[BaseException] = []

@@ -106,7 +106,7 @@ class RoutingInspector(w.VBox):
                            "counts": {r: int(payload["counts"].get(r, 0)) for r in ROUTES}})
         if rows is None and log is not None:
             rows = log.table()
-        from torch_adapter._callsite import site_text
+        from torch_adapter.core.callsite import site_text
 
         for row in rows or []:
             key = (row["op"], row["route"], target)

@@ -1,6 +1,6 @@
 """``python -m torch_adapter.check ...``: the ``check`` command on its own."""
 
-from torch_adapter._startup_path import protect
+from torch_adapter.launch.startup_path import protect
 
 protect()  # before anything else is imported: check never imports the scanned project
 

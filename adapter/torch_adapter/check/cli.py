@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m torch_adapter.check ...``"""
-    from ..cli import guarded
+    from ..cli.main import guarded
 
     args = build_parser().parse_args(argv)
     args.command = "check"
@@ -99,7 +99,7 @@ def _format_for(args: argparse.Namespace) -> str | None:
             raise _usage("--output FILE with --format", f"--format {args.format} without --output",
                          "add --output report." + args.format)
         return None
-    from .._safe_io import OutputError, check_output
+    from ..core.safe_io import OutputError, check_output
 
     try:
         check_output(args.output, call="torch-adapter check --output")
@@ -113,8 +113,8 @@ def _format_for(args: argparse.Namespace) -> str | None:
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` with the one safe writer (:mod:`torch_adapter._safe_io`)."""
-    from .._safe_io import OutputError, write_text
+    """Write ``text`` to ``path`` with the one safe writer (:mod:`torch_adapter.core.safe_io`)."""
+    from ..core.safe_io import OutputError, write_text
 
     try:
         write_text(path, text, call="torch-adapter check --output")

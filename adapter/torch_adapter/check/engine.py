@@ -45,7 +45,7 @@ TARGET_NAMES = ("any", "cpu", "cuda", "npu", "xpu", "mps", "mtia")
 
 def target_facts(target: str) -> dict[str, str]:
     """The values of message placeholders for ``target`` (``any``: generic wording)."""
-    from ..target import KNOWN
+    from ..routing.target import KNOWN
     from .rules import TARGET_AMP
 
     if target == "any" or target not in KNOWN:

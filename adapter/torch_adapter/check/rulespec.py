@@ -251,7 +251,7 @@ def rule_from_dict(data: Any, *, source: str = "built-in", order: int = 0) -> Ru
 
 def load_rule_file(path: str | Path) -> list[dict[str, Any]]:
     """The ``[[rule]]`` tables of a user TOML file (validated later by :func:`build_ruleset`)."""
-    from .._safe_io import FileProblem, decode_utf8, read_bounded
+    from ..core.safe_io import FileProblem, decode_utf8, read_bounded
 
     p = Path(path)
     try:  # the exact path; regular files only (a FIFO is refused, not waited on); at most 8 MiB

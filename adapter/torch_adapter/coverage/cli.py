@@ -62,15 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` with the one safe writer (:mod:`torch_adapter._safe_io`)."""
-    from .._safe_io import write_text
+    """Write ``text`` to ``path`` with the one safe writer (:mod:`torch_adapter.core.safe_io`)."""
+    from ..core.safe_io import write_text
 
     write_text(path, text, call=f"torch-adapter coverage: writing {path}")
 
 
 def _check_output(option: str, path: str | None) -> None:
     if path is not None:
-        from .._safe_io import check_output
+        from ..core.safe_io import check_output
 
         check_output(path, call=f"torch-adapter coverage {option}")
 
@@ -159,7 +159,7 @@ def _write_outputs(args: argparse.Namespace, report: Any, err: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m torch_adapter.coverage [options]``."""
-    from ..cli import guarded
+    from ..cli.main import guarded
 
     args = build_parser().parse_args(argv)
     args.command = "coverage"

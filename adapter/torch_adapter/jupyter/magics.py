@@ -18,7 +18,7 @@ CONFIG_HELP = ("plain (no adapter), redirect (redirect only, no observation), ad
 
 def parse_configs(text: str) -> list[str]:
     """``"plain,adapted,mps-sim"`` → a validated list (UsageError on a bad name)."""
-    from ..target import KNOWN
+    from ..routing.target import KNOWN
 
     configs = [c.strip() for c in text.split(",") if c.strip()]
     if not configs:
@@ -198,7 +198,7 @@ _ROUTE_COLORS = {"native": "#2e7d32", "composite": "#b26a00", "fallback": "#c628
 
 
 def _log_html(log: Any, limit: int | None) -> str:
-    from .._callsite import site_text
+    from ..core.callsite import site_text
     from ..routing.log import _fmt_bytes
 
     records = log.records()

@@ -44,7 +44,7 @@ STATUS_SCHEMA = "torch-adapter.status"
 
 def _site(site: dict[str, Any] | None) -> str | None:
     """``"cell [11], line 6"`` for a notebook cell (never the kernel's temp file), else ``"file:line"``."""
-    from .._callsite import site_text
+    from ..core.callsite import site_text
 
     return site_text(site) or None
 

@@ -34,7 +34,7 @@ def apply_all(session: Any) -> None:
     from . import (accelerator, amp, compiling, cuda_bindings, cuda_ns, custom_ops, devices, distributed,
                    dtensor_rules, env, probes, torch_tables, torchscript)
     from .log import remember
-    from .._autoinstall import ENV_VAR, encode
+    from ..launch.autoinstall import ENV_VAR, encode
 
     session.redirect_log.enabled = session.config.log_redirects
     remember(session.redirect_log)

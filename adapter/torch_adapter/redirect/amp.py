@@ -12,7 +12,7 @@ CUDA autocast dtype becomes:
               e.g. ``cat``: "Unexpected floating ScalarType in at::autocast::prioritize").
 ``float16``   always float16 (if the target's autocast accepts it).
 ``bfloat16``  always bfloat16: the faster choice on a CPU with bf16 units (avx512_bf16,
-              AMX; :func:`torch_adapter.optimizing.native_low_precision` tells) for a
+              AMX; :func:`torch_adapter.optimization.layer.native_low_precision` tells) for a
               program whose weights are float32; float16 weights do not mix with it.
 ``float32``   autocast is disabled (full precision).
 ============  ==================================================================
@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from .. import _torch_private as tp
+from ..core import torch_private as tp
 
 __all__ = ["effective_dtype", "apply"]
 

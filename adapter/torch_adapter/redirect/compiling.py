@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from .. import _torch_private as tp
-from .._after_import import after_import
+from ..core import torch_private as tp
+from ..core.after_import import after_import
 
 __all__ = ["MODES", "prepare", "apply"]
 

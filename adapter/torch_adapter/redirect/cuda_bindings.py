@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .. import _torch_private as tp
+from ..core import torch_private as tp
 from . import host_memory
 
 __all__ = ["BINDINGS", "apply", "bindings", "bindings_markdown"]

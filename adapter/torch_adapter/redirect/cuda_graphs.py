@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from .. import _torch_private as _tp
+from ..core import torch_private as _tp
 from ..errors import AdapterError, UnsupportedCudaFeature, format_error
 
 DOC_MARKDOWN = """
@@ -217,7 +217,7 @@ def graph_pool_handle() -> tuple[int, int]:
 
 
 def _log(kind_asked: str, became: str) -> None:
-    from .._state import current
+    from ..core.state import current
 
     session = current()
     if session is not None:
@@ -242,7 +242,7 @@ class CUDAGraph:
             raise GraphCaptureError(format_error(
                 "torch.cuda.CUDAGraph.capture_begin()", "one capture at a time on a thread",
                 "a capture already under way", fix="end the other capture (capture_end) first"))
-        from .._state import current
+        from ..core.state import current
 
         session = current()
         target = session.target.device_type if session is not None else "cpu"

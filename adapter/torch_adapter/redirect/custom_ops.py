@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from .. import _torch_private as _tp
+from ..core import torch_private as _tp
 from ..errors import format_error
 
 __all__ = ["apply"]

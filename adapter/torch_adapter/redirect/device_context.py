@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .. import _torch_private as tp
+from ..core import torch_private as tp
 
 __all__ = ["apply"]
 

@@ -27,9 +27,9 @@ from typing import Any, Callable
 import torch
 from torch.overrides import handle_torch_function, has_torch_function
 
-from .. import _torch_private as tp
+from ..core import torch_private as tp
 
-from .. import _torch_private as _tp
+from ..core import torch_private as _tp
 
 __all__ = ["DeviceMapper", "apply"]
 

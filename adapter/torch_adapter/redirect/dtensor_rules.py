@@ -46,7 +46,7 @@ _DTENSOR = "torch.distributed.tensor"
 def _register(session: Any) -> None:
     import torch
 
-    from .._torch_private import dtensor_register_strategy
+    from ..core.torch_private import dtensor_register_strategy
 
     for name, (placements, input_index, static_argnum) in RULES.items():
         packet, overload = name.rsplit(".", 1)
@@ -64,6 +64,6 @@ def apply(session: Any) -> None:
 
     if not session.device_mapper.on_cpu or not dist.is_available():
         return
-    from .._after_import import after_import
+    from ..core.after_import import after_import
 
     after_import(session.patcher, _DTENSOR, lambda module: _register(session))

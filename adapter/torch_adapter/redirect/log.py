@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .._callsite import site_frames
+from ..core.callsite import site_frames
 
 from torch.compiler import is_compiling as _compiling  # dynamo folds it to a constant while tracing
 
@@ -135,7 +135,7 @@ def _short(path: str) -> str:
 
 def _short_library(path: str) -> str:
     """``transformers/modeling_utils.py`` for a file under site-packages."""
-    from .._callsite import _library_dirs
+    from ..core.callsite import _library_dirs
 
     for root in _library_dirs():
         if path.startswith(root):
@@ -148,7 +148,7 @@ _last_log: list[RedirectLog] = []
 
 def redirect_log() -> RedirectLog:
     """The installed session's redirect log (or the last session's, after uninstall)."""
-    from .._state import current
+    from ..core.state import current
 
     session = current()
     if session is not None:

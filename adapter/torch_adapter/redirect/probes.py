@@ -12,7 +12,7 @@ Probes whose answer already follows ``torch.cuda`` (accelerate's NVML-based
 patches the function where it is defined and every binding of it that other modules made
 before install (``from .import_utils import is_xformers_available``); modules imported
 later are patched right after they execute (the adapter's one import hook,
-:mod:`torch_adapter._after_import`, taken off while the session is suspended), so import-time checks (``if is_xformers_available(): import xformers``) see the answer
+:mod:`torch_adapter.core.after_import`, taken off while the session is suspended), so import-time checks (``if is_xformers_available(): import xformers``) see the answer
 too. Every patch goes through the session's Patcher and is undone by ``uninstall()``.
 """
 
@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .._after_import import after_import
+from ..core.after_import import after_import
 
 __all__ = ["Probe", "PROBES", "KEEP", "apply", "patched_probes"]
 

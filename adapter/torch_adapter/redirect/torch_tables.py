@@ -32,7 +32,7 @@ import importlib
 import types
 from typing import Any
 
-from .. import _torch_private as tp
+from ..core import torch_private as tp
 
 __all__ = ["prepare", "register"]
 

@@ -46,7 +46,7 @@ from typing import Any, Iterable
 
 import torch
 
-from .. import _torch_private as tp
+from ..core import torch_private as tp
 from .devices import _index_of
 
 __all__ = ["apply", "GraphRewriter"]

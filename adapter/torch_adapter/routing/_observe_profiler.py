@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .._torch_private import op_profiler_start, op_profiler_stop, profiler_function_events
+from ..core.torch_private import op_profiler_start, op_profiler_stop, profiler_function_events
 from .internal import MARKER, REDISPATCH
 from .observe import is_op_key
 

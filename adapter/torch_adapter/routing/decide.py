@@ -28,7 +28,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from .._torch_private import all_op_names, decompositions, has_kernel_for_key
+from ..core.torch_private import all_op_names, decompositions, has_kernel_for_key
 from ..errors import UsageError, format_error
 from . import kernel_families, ops_table, rules, self_decomp
 
@@ -284,8 +284,8 @@ def clear_caches() -> None:
 # -- explain ---------------------------------------------------------------------------------
 def _profile_of(target: Any) -> tuple[Any, Any, Any]:
     """(profile, registry, policy) for explain()'s ``target`` argument."""
-    from .._state import current
-    from ..target import Target, _detect_one, KNOWN
+    from ..core.state import current
+    from .target import Target, _detect_one, KNOWN
     from . import profiles
 
     session = current()
@@ -293,7 +293,7 @@ def _profile_of(target: Any) -> tuple[Any, Any, Any]:
         if session is not None:
             target = session.target
         else:
-            from ..target import resolve
+            from .target import resolve
 
             target = resolve("auto")
     if isinstance(target, profiles.CapabilityProfile):

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from .. import _torch_private as tp
+from ..core import torch_private as tp
 from . import ops_table, rules
 from .decide import Route, RouteDecision, decide_name
 from .internal import active as internal_active

@@ -3,7 +3,7 @@
 Some of the adapter's computations run aten ops of their own: the self-decomposition probe
 (:mod:`.self_decomp`, run on sample tensors the first time a route is decided — by
 ``targets()``, ``install()``, ``explain()``), the debug tools' checks (NaN/Inf counts, CPU
-re-runs and comparisons, see :mod:`torch_adapter._tool_mode`) and ``torch_adapter.export``'s
+re-runs and comparisons, see :mod:`torch_adapter.tools.tool_mode`) and ``torch_adapter.export``'s
 tracing and decompositions (on fake tensors). Those ops are not the user's. Inside the
 block, on the thread that runs it, every observer of the adapter leaves them out:
 
@@ -66,14 +66,14 @@ def _unobserved(marker: str, enter: str, leave: str) -> Iterator[None]:
         if ext is not None:
             getattr(ext, enter)()
         if _profiler_observing():
-            from .._torch_private import record_range_enter
+            from ..core.torch_private import record_range_enter
 
             handle = record_range_enter(marker)
         yield
     finally:
         try:
             if handle is not None:
-                from .._torch_private import record_range_exit
+                from ..core.torch_private import record_range_exit
 
                 record_range_exit(handle)
         finally:

@@ -33,7 +33,7 @@ _ROUTES = ("native", "composite", "fallback")
 
 def user_site(depth: int = 1) -> dict[str, Any] | None:
     """The innermost calling frame that is user code: file, line, function (see _callsite)."""
-    from .._callsite import user_site as _user_site
+    from ..core.callsite import user_site as _user_site
 
     return _user_site(depth + 1)
 
@@ -214,7 +214,7 @@ def rich_table(log: RoutingLog, limit: int | None = 40) -> Any:
     """A ``rich.table.Table`` of the log (fallbacks first)."""
     from rich.table import Table
 
-    from .._callsite import site_text
+    from ..core.callsite import site_text
 
     s = log.summary()
     title = (f"Routing on {log.target or '?'}{' (simulated)' if log.simulated else ''}: "

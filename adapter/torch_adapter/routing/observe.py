@@ -112,7 +112,7 @@ def _extension_name() -> str:
 
 
 def _build_dir() -> Path:
-    from .._torch_private import extension_build_dir
+    from ..core.torch_private import extension_build_dir
 
     return extension_build_dir(_extension_name())
 
@@ -130,7 +130,7 @@ def is_compiled_available() -> bool:
         return True
     if _BUILD_ERROR is not None:
         return False
-    from .._torch_private import can_build_extensions
+    from ..core.torch_private import can_build_extensions
 
     return is_built() or can_build_extensions()
 
@@ -153,7 +153,7 @@ def _load(*, verbose: bool = False, strict: bool = False) -> Any:
             return _EXT
         if _BUILD_ERROR is not None and not strict:
             return None
-        from .._torch_private import can_build_extensions, load_extension
+        from ..core.torch_private import can_build_extensions, load_extension
 
         try:
             if not is_built():

@@ -193,7 +193,7 @@ def _module_class(module_cls: Any) -> None:
 
 def registered() -> list[str]:
     """Qualified names of the module classes replaced in the installed session."""
-    from .._state import current
+    from ..core.state import current
 
     session = current()
     reg = registry_of(session, create=False) if session is not None else None

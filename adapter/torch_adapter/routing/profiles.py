@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .._torch_private import all_op_names, has_kernel_for_key
+from ..core.torch_private import all_op_names, has_kernel_for_key
 from ..errors import ProfileError, UsageError, format_error
 from . import ops_table
 
@@ -159,7 +159,7 @@ def live_profile(name: str, dispatch_key: str) -> CapabilityProfile:
 
 
 def profile_for(target: Any) -> CapabilityProfile:
-    """The profile of an installed :class:`~torch_adapter.target.Target`."""
+    """The profile of an installed :class:`~torch_adapter.routing.target.Target`."""
     if not target.simulated:
         return live_profile(target.name, target.dispatch_key)
     source = str(target.details.get("profile", ""))
@@ -227,7 +227,7 @@ def _read_toml(path: str) -> dict[str, Any]:
     """The TOML table in ``path``: exact path, regular files only, bounded read; ProfileError otherwise."""
     import tomllib
 
-    from .._safe_io import FileProblem, decode_utf8, read_bounded
+    from ..core.safe_io import FileProblem, decode_utf8, read_bounded
 
     try:
         text = decode_utf8(path, read_bounded(path))
@@ -298,7 +298,7 @@ def _check_dispatch_key(path: str, key: str) -> None:
     """An unknown ``dispatch_key`` is an error (it would silently match no kernel)."""
     import difflib
 
-    from .._torch_private import backend_dispatch_keys
+    from ..core.torch_private import backend_dispatch_keys
 
     keys = backend_dispatch_keys()
     if key not in keys:
@@ -311,7 +311,7 @@ def _check_dispatch_key(path: str, key: str) -> None:
 # -- listing ---------------------------------------------------------------------------------
 def simulated_rows() -> list[dict[str, Any]]:
     """One ``targets()`` row per built-in simulated profile, with route counts over its table."""
-    from ..target import resolve
+    from .target import resolve
     from .decide import Route, decide_name
 
     host = resolve("auto")

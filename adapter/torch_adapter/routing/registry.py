@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .._state import current
+from ..core.state import current
 from ..errors import RegistrationError, UsageError, format_error
 
 __all__ = ["Registry", "RegistrySnapshot", "Registration", "Handle", "registry_of",
@@ -264,7 +264,7 @@ def register_accelerated(op: Any, fn: Callable[..., Any] | None = None, *, devic
 
 
 def _device_names() -> set[str]:
-    from ..target import KNOWN
+    from .target import KNOWN
     from .profiles import BUILTIN
 
     names = set(KNOWN) | set(BUILTIN)

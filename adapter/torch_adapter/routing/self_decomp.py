@@ -118,7 +118,7 @@ def calls_itself(name: str, profile: Any = None) -> bool | None:
 
 
 def _probe(name: str, profile: Any) -> bool | None:
-    from .. import _torch_private as tp
+    from ..core import torch_private as tp
     from . import ops_table
 
     table = tp.decompositions()

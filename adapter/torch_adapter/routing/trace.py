@@ -23,7 +23,7 @@ import importlib.util
 import time
 from typing import Any, Iterator
 
-from .._torch_private import dispatch_mode_base
+from ..core.torch_private import dispatch_mode_base
 from .decide import decide_name, is_known_op
 from .engine import state
 from .internal import active as internal_active
@@ -186,8 +186,8 @@ def trace(*, use_observer: bool | None = None, threads: bool | None = None) -> I
     (the recorder is a per-thread dispatch mode; ``torch-adapter run --report`` uses it); a thread
     that outlives the block records nothing more. The observer sees every thread anyway.
     """
-    from .._state import current
-    from ..target import resolve
+    from ..core.state import current
+    from .target import resolve
     from .profiles import profile_for
 
     session = current()

@@ -87,7 +87,7 @@ def check_routing_support() -> None:
     """Raise a clear error when this torch lacks what the routing engine needs."""
     import torch
 
-    from .errors import TargetError, format_error
+    from ..errors import TargetError, format_error
 
     missing = [n for n in ("get_kernel", "Library") if not hasattr(torch.library, n)]
     missing += [n for n in ("_dispatch_has_kernel_for_dispatch_key", "_dispatch_get_all_op_names",

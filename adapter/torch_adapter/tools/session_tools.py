@@ -3,7 +3,7 @@
 Called by the session at ``install()`` (``old`` is None) and after each ``configure()``.
 Whatever it starts is stopped by the session's closers at ``uninstall()``. A tool that
 cannot start (no private directory for the memory socket, say) warns with a
-:class:`~torch_adapter._tool_mode.ToolWarning` and the session installs without it: a
+:class:`~torch_adapter.tools.tool_mode.ToolWarning` and the session installs without it: a
 diagnostic must not keep the user's program from running.
 """
 
@@ -49,12 +49,12 @@ def _debug(session: Any, new: Any, old: Any) -> None:
 
 def apply(session: Any, old: Any) -> None:
     """Bring the tools in line with ``session.config`` (``old``: the config before, or None)."""
-    from ._tool_mode import ToolWarning
+    from .tool_mode import ToolWarning
 
     cfg = session.config
     state = _state(session)
     if cfg.memory_server and state["memory_server"] is None:
-        from . import _memory_server
+        from . import memory_server as _memory_server
 
         try:
             state["memory_server"] = _memory_server.start()

@@ -19,13 +19,13 @@ import os
 import sys
 from typing import Any
 
-from ._version import __version__
+from .._version import __version__
 
 __all__ = ["main", "build_parser", "guarded"]
 
 # Modules that add a sub-command with `register(subparsers)`.
-_PLUGINS = ("torch_adapter.check.cli", "torch_adapter.coverage.cli", "torch_adapter.memory_cli",
-            "torch_adapter.export_cli")
+_PLUGINS = ("torch_adapter.check.cli", "torch_adapter.coverage.cli", "torch_adapter.cli.memory",
+            "torch_adapter.cli.export")
 
 
 def _add_run(sub: Any) -> None:
@@ -47,7 +47,7 @@ def _add_run(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .runner import run_script
+    from ..launch.runner import run_script
 
     return run_script(args.script, args.args, module=args.module, target=args.target, simulate=args.simulate,
                       report=args.report, report_json=args.report_json, amp_dtype=args.amp_dtype,
@@ -61,7 +61,7 @@ def _add_targets(sub: Any) -> None:
 
 
 def _targets(args: argparse.Namespace) -> int:
-    from .target import targets
+    from ..routing.target import targets
 
     rows = targets()
     if args.json:
@@ -130,7 +130,7 @@ def _stdout_failed(exc: OSError) -> int:
 
 def guarded(func: Any, args: argparse.Namespace) -> int:
     """``func(args)`` through the one error path; its exit code (used by every entry point)."""
-    from .errors import AdapterError
+    from ..errors import AdapterError
 
     command = getattr(args, "command", None) or "command"
     if sys.stdout is None and command != "run":

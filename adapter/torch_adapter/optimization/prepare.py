@@ -31,7 +31,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UsageError, format_error
+from ..errors import UsageError, format_error
 
 __all__ = ["prepare", "plan", "Plan", "PrepareWarning"]
 
@@ -64,15 +64,15 @@ _COMPILE = {"conservative": (False, None), "balanced": (True, None), "aggressive
 
 def plan(optimization_level: str | None = None, memory_strategy: str | None = None) -> Plan:
     """The :class:`Plan` for these options; None takes the installed session's (or the defaults)."""
-    from ._state import current
-    from .config import MEMORY_STRATEGIES, OPTIMIZATION_LEVELS, Config
+    from ..core.state import current
+    from ..core.config import MEMORY_STRATEGIES, OPTIMIZATION_LEVELS, Config
 
     session = current()
     cfg = session.config if session is not None else Config()
     if session is not None:
         device = session.target.device_type
     else:
-        from .target import resolve
+        from ..routing.target import resolve
 
         device = resolve("auto").device_type
     level = cfg.optimization_level if optimization_level is None else optimization_level
@@ -120,7 +120,7 @@ def prepare(model: Any, *, optimization_level: str | None = None, memory_strateg
                       PrepareWarning, stacklevel=2)
     if not p.compile:
         return model
-    from ._state import current
+    from ..core.state import current
 
     session = current()
     if session is not None and session.target.simulated:

@@ -56,8 +56,8 @@ def _say(message: str) -> None:
 def run_launcher(argv: list[str], how: tuple[str, Any], settings: dict[str, Any], *, report: bool,
                  report_json: str | None) -> int:
     """Run ``argv`` (the launcher and its arguments) unadapted; its Python children adapted. Its exit code."""
-    from . import _child_report
-    from ._autoinstall import ENV_VAR, encode
+    from . import child_report as _child_report
+    from .autoinstall import ENV_VAR, encode
 
     name = os.path.basename(argv[0])
     kind, what = how
@@ -105,7 +105,7 @@ def _run(argv: list[str], kind: str, what: Any) -> int:
 
 
 def _summarise(name: str, records: list[dict[str, Any]]) -> None:
-    from ._child_report import alive, label
+    from .child_report import alive, label
 
     if not records:
         _say(f"{name} started no adapted process: nothing ran on the adapter. The launcher itself runs unadapted; "
@@ -131,10 +131,10 @@ def _report(records: list[dict[str, Any]], to_terminal: bool, json_path: str | N
 
     from rich.console import Console
 
-    from . import _child_report
+    from . import child_report as _child_report
 
     if json_path:
-        from ._safe_io import OutputError, write_text
+        from ..core.safe_io import OutputError, write_text
 
         try:
             write_text(json_path, json.dumps(_child_report.merged_payload(records), indent=1),

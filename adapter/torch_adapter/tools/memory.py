@@ -21,11 +21,11 @@ Per device:
 backward, are not seen), grouped by storage, largest first. With tracking on, each storage
 created since carries its creation site: the user's file:line, the op and the module path.
 Tracking runs every op of the enabling thread through Python (the shared debug dispatch
-mode, :mod:`torch_adapter._tool_mode`); it is for diagnosis, not for production.
+mode, :mod:`torch_adapter.tools.tool_mode`); it is for diagnosis, not for production.
 
 Another process can read these figures with ``torch-adapter memory --pid PID`` when it was
 adapted with ``install(memory_server=True)`` or ``TORCH_ADAPTER_MEMORY_SERVER=1``
-(:mod:`torch_adapter._memory_server`).
+(:mod:`torch_adapter.tools.memory_server`).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _tool_mode
-from .errors import UsageError, format_error
+from . import tool_mode as _tool_mode
+from ..errors import UsageError, format_error
 
 __all__ = ["stats", "track", "tracking", "MemoryReport", "SCHEMA", "VERSION"]
 
@@ -60,8 +60,8 @@ class _Tracker:
         return None
 
     def after(self, func: Any, args: tuple, kwargs: dict, out: Any, state: Any) -> None:
-        from ._callsite import user_site
-        from ._numerics import tensors
+        from ..core.callsite import user_site
+        from .numerics import tensors
 
         new = []
         for _, t in tensors(out):
@@ -111,7 +111,7 @@ def track(enabled: bool = True, *, min_bytes: int = 1 << 20) -> None:
         _SITES.clear()  # a site is only trusted while tracking: freed memory gets reused
         return
     _tool_mode.enable("memory_tracking", _Tracker(min_bytes))
-    from ._state import current
+    from ..core.state import current
 
     session = current()
     if session is not None and session not in _CLOSING:
@@ -126,7 +126,7 @@ def tracking() -> bool:
 
 # -- figures ---------------------------------------------------------------------------------------
 def _host_row() -> dict[str, Any]:
-    from .redirect import host_memory as hm
+    from ..redirect import host_memory as hm
 
     return {"device": "cpu", "allocated": hm.allocated(), "reserved": hm.reserved(),
             "peak_allocated": hm.peak_allocated() if hm.peak_tracked() else None,  # None: not tracked
@@ -272,8 +272,8 @@ def stats(top: int = 10) -> MemoryReport:
     if isinstance(top, bool) or not isinstance(top, int) or top < 0:
         raise UsageError(format_error("torch_adapter.memory.stats(top=...)", "an int >= 0", f"{top!r}",
                                       fix="e.g. stats(top=10)"))
-    from ._state import current
-    from .target import resolve
+    from ..core.state import current
+    from ..routing.target import resolve
 
     session = current()
     target = session.target if session is not None else resolve("auto")

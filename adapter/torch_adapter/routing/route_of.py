@@ -16,9 +16,9 @@ __all__ = ["decider"]
 def decider() -> tuple[Callable[[str], Any], Any, dict[str, Any]]:
     """``(decide, engine, meta)``: ``decide("aten::log")`` -> RouteDecision, or None for a name
     the dispatcher does not know; the session's engine or None; target metadata (JSON-able)."""
-    from .routing.decide import decide_name, is_known_op
-    from .routing.profiles import profile_for
-    from ._state import current
+    from .decide import decide_name, is_known_op
+    from .profiles import profile_for
+    from ..core.state import current
     from .target import resolve
 
     session = current()

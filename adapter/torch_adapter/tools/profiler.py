@@ -13,7 +13,7 @@
 
 ``record()`` runs ``torch.profiler`` (CPU activity, plus the target's own activity on a
 real CUDA/XPU/NPU/MTIA target) with shapes recorded. ``export()`` writes its Chrome trace
-with the adapter's routing added (see :mod:`torch_adapter._chrome_trace`): each op event's
+with the adapter's routing added (see :mod:`torch_adapter.tools.chrome_trace`): each op event's
 ``args`` carry ``route``, ``reason`` and ``via`` — decided against the installed target's
 profile, simulated targets included — CPU-fallback copies are slices of their own, and
 ``step()`` blocks are ranges on a "torch_adapter: steps" track. The trace is built once,
@@ -37,9 +37,9 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import _chrome_trace
-from ._route_of import decider
-from .errors import UsageError, format_error
+from . import chrome_trace as _chrome_trace
+from ..routing.route_of import decider
+from ..errors import UsageError, format_error
 
 __all__ = ["record", "step", "export", "summary", "last", "validate", "Recording", "StepSummary",
            "ProfilerWarning"]
@@ -115,7 +115,7 @@ class Recording:
             if self.routing_log is not None:
                 meta["routing"] = self.routing_log.to_dict()
             self._trace = _chrome_trace.annotate(raw, self._decide, meta)
-            from ._callsite import cell_of
+            from ..core.callsite import cell_of
 
             _chrome_trace.name_cells(self._trace, cell_of)  # notebook cells: "cell [N], line L"
         return self._trace
@@ -123,9 +123,9 @@ class Recording:
     def export(self, path: str | os.PathLike[str]) -> Path:
         """Write the annotated trace to ``path`` (JSON); returns the path.
 
-        Written by the one safe writer (:mod:`torch_adapter._safe_io`): the folder must exist,
+        Written by the one safe writer (:mod:`torch_adapter.core.safe_io`): the folder must exist,
         the file appears whole or not at all, devices/FIFOs/symbolic links are refused."""
-        from ._safe_io import check_output, write_text
+        from ..core.safe_io import check_output, write_text
 
         out = Path(path)
         check_output(out, call=f"torch_adapter.profiler.export({os.fspath(path)!r})")  # before building the trace
@@ -142,7 +142,7 @@ class Recording:
 def _start(rec: Recording, record_shapes: bool, with_stack: bool) -> None:
     import torch
 
-    from . import _torch_private as tp
+    from ..core import torch_private as tp
 
     if tp.profiler_running():
         raise RuntimeError("another torch profiler is already running in this process "
@@ -204,7 +204,7 @@ def record(name: str = "torch_adapter", *, record_shapes: bool = True, with_stac
             warnings.warn(f"torch_adapter.profiler.record({name!r}) could not start the profiler ({rec.error}); "
                           f"the block runs unprofiled", ProfilerWarning, stacklevel=3)
         if engine is not None and rec.profiled:
-            from .routing.log import RoutingLog
+            from ..routing.log import RoutingLog
 
             rec.routing_log = RoutingLog(rec._meta["target"], rec._meta["simulated"])
             engine.add_log(rec.routing_log)

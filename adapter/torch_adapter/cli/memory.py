@@ -2,7 +2,7 @@
 
 The process must serve its figures — ``install(memory_server=True)``, or
 ``TORCH_ADAPTER_MEMORY_SERVER=1`` in its environment (``torch-adapter run`` included) — and
-belong to the same user (see :mod:`torch_adapter._memory_server`). ``--list`` shows this
+belong to the same user (see :mod:`torch_adapter.tools.memory_server`). ``--list`` shows this
 user's serving processes. Exit codes: 0 printed; 2 a PID that is gone, not adapted, not
 ours, or did not answer (a five-part message on stderr).
 """
@@ -16,7 +16,7 @@ import socket
 import sys
 from typing import Any
 
-from .errors import UsageError, format_error
+from ..errors import UsageError, format_error
 
 __all__ = ["register", "run", "fetch"]
 
@@ -60,7 +60,7 @@ def _hint() -> str:
 
 def fetch(pid: int, *, top: int = 10, timeout: float = 10.0) -> dict[str, Any]:
     """The MemoryReport dict that process ``pid`` serves; UsageError saying why not."""
-    from . import _memory_server as ms
+    from ..tools import memory_server as ms
 
     call = _call(pid)
     if pid <= 0:
@@ -108,7 +108,7 @@ def fetch(pid: int, *, top: int = 10, timeout: float = 10.0) -> dict[str, Any]:
 
 
 def _list() -> int:
-    from . import _memory_server as ms
+    from ..tools import memory_server as ms
 
     rows = []
     for directory in ms.socket_dirs():
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=1))
         return 0
-    from .memory import MemoryReport
+    from ..tools.memory import MemoryReport
 
     print(MemoryReport.from_dict(data).render())
     return 0

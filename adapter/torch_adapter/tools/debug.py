@@ -29,7 +29,7 @@ target's composite and fallback routes compute what the plain kernel does. Rando
 that way on the target.
 
 Both are opt-in: they run every op through Python (a TorchDispatchMode, see
-:mod:`torch_adapter._tool_mode`) on the thread that enabled them — backward included — and
+:mod:`torch_adapter.tools.tool_mode`) on the thread that enabled them — backward included — and
 stay on across notebook cells until disabled, or until ``uninstall()`` of the session that
 was installed when they were enabled. ``install(debug_mode=...)`` turns them on too.
 """
@@ -41,10 +41,9 @@ import math
 import weakref
 from typing import Any, Iterable
 
-from . import _tool_mode
-from ._numerics import (LABEL, Finding, NumericsWarning, arg_values, checkable, count, findings, forget_warned, plan,
-                        report, tensors)
-from .errors import NumericsError, UsageError, format_error
+from . import tool_mode as _tool_mode
+from .numerics import (LABEL, Finding, NumericsWarning, arg_values, checkable, count, findings, forget_warned, plan, report, tensors)
+from ..errors import NumericsError, UsageError, format_error
 
 __all__ = ["enable_nan_check", "disable_nan_check", "enable_cpu_compare", "disable_cpu_compare",
            "findings", "Finding", "NumericsWarning", "NumericsError"]
@@ -67,7 +66,7 @@ def _check_mode(call: str, mode: Any) -> None:
 def _close_with_session(session: Any = None) -> None:
     """Have ``session`` (default: the installed one) turn the checks off at its uninstall()."""
     if session is None:
-        from ._state import current
+        from ..core.state import current
 
         session = current()
     if session is not None and session not in _CLOSING:
@@ -160,11 +159,11 @@ class _CpuCompare:
         self._engine: Any = None
 
     def _wanted(self, func: Any) -> bool:
-        from ._state import current
+        from ..core.state import current
 
         session = current()
         if session is not self._session:  # installed, uninstalled or replaced: decide again
-            from ._route_of import decider
+            from ..routing.route_of import decider
 
             self._session, self._selected = session, {}
             self._decide, self._engine, _ = decider()
@@ -202,7 +201,7 @@ class _CpuCompare:
         cargs, ckwargs = copies
         state = None
         if self._engine is not None:
-            from .routing.engine import state
+            from ..routing.engine import state
             state.bypass += 1  # the plain host kernel, not the target's route
         try:
             ref = func(*cargs, **ckwargs)
@@ -255,7 +254,7 @@ def _check_ops(ops: Any) -> tuple[str, ...] | None:
     if not isinstance(ops, (list, tuple, set, frozenset)) or not all(isinstance(o, str) for o in ops):
         raise UsageError(format_error(call, 'op names or globs, e.g. ["aten::log", "aten::_linalg_*"]',
                                       f"{ops!r} ({type(ops).__name__})", fix='ops=["aten::heaviside"]'))
-    from .routing.decide import _candidates, known_op_names, op_name
+    from ..routing.decide import _candidates, known_op_names, op_name
 
     known = known_op_names()
     out = []

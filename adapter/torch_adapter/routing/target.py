@@ -19,7 +19,7 @@ import platform
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .errors import TargetError, format_error
+from ..errors import TargetError, format_error
 
 __all__ = ["Target", "KNOWN", "AUTO_ORDER", "detect", "resolve", "targets", "describe"]
 
@@ -204,7 +204,7 @@ def resolve(target: str | Target = "auto", *, simulate: bool = False) -> Target:
 
 def _simulated(name: str) -> Target:
     """A simulated target: the named profile, executing on the host's best real device."""
-    from .routing import profiles  # lazy: op tables are read only when simulating
+    from . import profiles  # lazy: op tables are read only when simulating
 
     profile = profiles.load_profile(name)
     host = resolve("auto")
@@ -227,7 +227,7 @@ def targets(*, simulated: bool = True) -> list[dict[str, Any]]:
                      "dist_backend": t.dist_backend, "details": dict(t.details)})
     if simulated:
         try:
-            from .routing import profiles
+            from . import profiles
         except ImportError:  # pragma: no cover - routing is part of the package
             return rows
         rows.extend(profiles.simulated_rows())

@@ -34,7 +34,7 @@ import stat
 from pathlib import Path
 from typing import IO, Iterator
 
-from .errors import UsageError, format_error
+from ..errors import UsageError, format_error
 
 __all__ = ["FileProblem", "OutputError", "check_output", "write_text", "write_bytes", "atomic_writer",
            "read_bounded", "describe_mode"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .errors import UsageError, format_error
+from ..errors import UsageError, format_error
 
 __all__ = ["Config", "make_config", "AMP_POLICIES", "OPTIMIZATION_LEVELS", "MEMORY_STRATEGIES", "DEBUG_MODES",
            "MIXED_PRECISION", "FUSION_PATTERNS", "COLLECTIVE_BACKENDS", "collective_backends"]

@@ -47,8 +47,8 @@ import warnings
 import weakref
 from typing import Any
 
-from . import _torch_private as tp
-from ._state import current
+from ..core import torch_private as tp
+from ..core.state import current
 
 __all__ = ["apply", "applied", "OptimizeWarning", "plan_for"]
 
@@ -138,7 +138,7 @@ class _Layer:
     def stop(self) -> None:
         """Undo everything, newest first; the layer can start again (resume). An undo that
         fails does not stop the others: one RestoreError names every failure at the end."""
-        from .errors import RestoreError
+        from ..errors import RestoreError
 
         failures: list[tuple[str, BaseException]] = []
         with self.lock:
@@ -188,7 +188,7 @@ class _Layer:
 
         p = self.plan
         if p["fusion"]:
-            from . import _fusion
+            from . import fusion as _fusion
 
             for _ in _fusion.rewrite_attention(model, self._set_forward):
                 pass  # each rewrite is recorded (with its undo and site) by _set_forward

@@ -14,8 +14,8 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
 
-from . import _tool_mode
-from .errors import NumericsError, format_error
+from . import tool_mode as _tool_mode
+from ..errors import NumericsError, format_error
 
 __all__ = ["NumericsWarning", "Finding", "findings", "tensors", "checkable", "plan", "count", "arg_values", "report",
            "forget_warned", "LABEL"]
@@ -110,7 +110,7 @@ def plan(func: Any) -> tuple[bool, tuple[int, ...], bool]:
     if found is None:
         import torch
 
-        from .routing.rules import ENGINE_OPS
+        from ..routing.rules import ENGINE_OPS
 
         name = func.name()
         base = name.partition("::")[2].partition(".")[0]
@@ -136,8 +136,8 @@ def arg_values(func: Any, args: tuple, kwargs: dict) -> list[Any]:
 
 
 def report(check: str, kind: str, func: Any, detail: str, mode: str) -> None:
-    from ._callsite import user_site
-    from ._route_of import decider
+    from ..core.callsite import user_site
+    from ..routing.route_of import decider
 
     name = func.name()
     d = decider()[0](name)

@@ -36,7 +36,7 @@ def activate() -> None:
     _ACTIVATED = True
     try:
         settings = json.loads(raw) if raw.strip().startswith("{") else {"target": raw}
-        from torch_adapter import _child_report, _exit_guard
+        from torch_adapter.launch import child_report as _child_report, exit_guard as _exit_guard
         from torch_adapter.session import install
 
         child = {key: settings.pop(key) for key in _child_report.CHILD_KEYS if key in settings}

@@ -28,8 +28,8 @@ import warnings
 import weakref
 from typing import Any
 
-from . import _torch_private as tp
-from .errors import NumericsError
+from ..core import torch_private as tp
+from ..errors import NumericsError
 
 __all__ = ["ToolWarning", "enable", "disable", "enabled", "module_path", "phase"]
 
@@ -48,7 +48,7 @@ class ToolWarning(UserWarning):
 
 
 def _mode_class() -> type:
-    from .routing.internal import redispatch
+    from ..routing.internal import redispatch
 
     base = tp.dispatch_mode_base()
 
@@ -72,7 +72,7 @@ def _mode_class() -> type:
 
 
 def _call(name: str, fn: Any, func: Any, *args: Any) -> Any:
-    from .routing.internal import internal
+    from ..routing.internal import internal
 
     try:
         with internal():  # a tool's own ops (NaN counts, CPU re-runs) are not the user's: reports leave them out
@@ -82,7 +82,7 @@ def _call(name: str, fn: Any, func: Any, *args: Any) -> Any:
     except Exception as exc:  # a failing observer reports itself and steps aside
         with _LOCK:
             _FEATURES.pop(name, None)
-        from ._callsite import user_site
+        from ..core.callsite import user_site
 
         site = user_site() or {"file": "<torch_adapter>", "line": 0}
         op = func.name() if hasattr(func, "name") else str(func)
@@ -175,7 +175,7 @@ def _label(root: Any) -> str:
     label = _LABELS.get(root)
     if label is not None:
         return label
-    from ._callsite import _is_user
+    from ..core.callsite import _is_user
 
     frame = sys._getframe(1)
     while frame is not None and label is None:

@@ -19,6 +19,10 @@ __all__ = ["user_frame", "user_site", "site_frames", "cell_of", "site_text"]
 _SKIP: tuple[str, ...] | None = None
 
 
+# the package's folder (this module sits one below it): frames inside it are the adapter's own
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def _skip_dirs() -> tuple[str, ...]:
     global _SKIP
     if _SKIP is None:
@@ -27,7 +31,7 @@ def _skip_dirs() -> tuple[str, ...]:
         import torch
 
         dirs = [os.path.dirname(os.path.abspath(torch.__file__)),
-                os.path.dirname(os.path.abspath(__file__)),
+                PACKAGE_DIR,
                 sysconfig.get_paths()["stdlib"]]
         for name in ("IPython", "ipykernel", "traitlets", "comm"):
             spec = importlib.util.find_spec(name)

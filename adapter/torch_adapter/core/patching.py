@@ -156,7 +156,7 @@ class Patcher:
         for fn in reversed(after):
             attempt(f"after_restore {_name(fn)}", fn)
         if failures:
-            from .errors import RestoreError
+            from ..errors import RestoreError
 
             raise RestoreError(failures)
 

@@ -33,14 +33,14 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .coverage.factories import build, load_factory
-    from .errors import AdapterError
-    from .exporting import export
+    from ..coverage.factories import build, load_factory
+    from ..errors import AdapterError
+    from ..tools.exporting import export
 
     try:
         from pathlib import Path
 
-        from ._safe_io import check_output
+        from ..core.safe_io import check_output
 
         if args.output.endswith(".pt2"):  # (a wrong suffix is export()'s error, with its fix)
             check_output(args.output, call="torch-adapter export --output")

@@ -174,8 +174,8 @@ def rewrite_attention(model: Any, set_forward: Callable[..., None]) -> Iterator[
 
 
 def _logged(forward: Callable[..., Any], site: dict[str, Any], op: str) -> Callable[..., Any]:
-    from .routing.decide import Route
-    from .routing.trace import active_logs
+    from ..routing.decide import Route
+    from ..routing.trace import active_logs
 
     reason = (f"hand-written softmax(QK^T)V at {site['file']}:{site['line']} runs as "
               f"scaled_dot_product_attention (fusion_patterns=['attention_blocks'])")

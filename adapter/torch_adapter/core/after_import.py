@@ -2,7 +2,7 @@
 
 ``after_import(patcher, name, fn)``: ``fn(module)`` now if ``name`` is already imported, else
 right after it first executes (a meta-path finder). The finder belongs to the session's
-:class:`~torch_adapter.patching.Patcher`: it is removed when the patcher restores, that is
+:class:`~torch_adapter.core.patching.Patcher`: it is removed when the patcher restores, that is
 when the session is *suspended* or closed, and put back (exactly one) when a resumed session
 applies its patches again. So a suspended session's hooks never fire, and nested sessions
 never stack finders. The module itself is not changed; the function sees it complete.

@@ -22,10 +22,12 @@ import sys
 import traceback
 from typing import Any
 
+from ..core.callsite import PACKAGE_DIR
+
 __all__ = ["run_script", "EXIT_USAGE"]
 
 EXIT_USAGE = 2
-_OWN = (os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.abspath(runpy.__file__))
+_OWN = (PACKAGE_DIR + os.sep, os.path.abspath(runpy.__file__))
 
 
 def _exit_code(code: Any) -> int:
@@ -59,7 +61,7 @@ def report_path(path: str) -> str:
 
 def _script_problem(script: str) -> str | None:
     """Why ``script`` cannot be run as a Python script (a message with the fix), or None."""
-    from .errors import format_error
+    from ..errors import format_error
 
     def bad(got: str, why: str, fix: str = "check the path") -> str:
         return format_error("torch-adapter run", "a Python script", got, why=why, fix=fix)
@@ -105,11 +107,11 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
     ``script`` may also be a launcher command (``accelerate``, ``torchrun``, …; see _launchers).
     ``exit_guard=True`` (the CLI) bounds the process's exit once the script has ended (_exit_guard).
     """
-    from .errors import AdapterError
-    from .session import install
+    from ..errors import AdapterError
+    from ..session import install
 
     if not module and not os.path.isfile(script) and not script.endswith(".py"):
-        from ._launchers import find
+        from .launchers import find
 
         how = find(script)
         if how is not None:
@@ -120,7 +122,7 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
         return EXIT_USAGE
     try:
         if report_json:
-            from ._safe_io import check_output
+            from ..core.safe_io import check_output
 
             report_json = str(check_output(report_path(report_json), call="torch-adapter run --report-json"))
         session = install(target, simulate=simulate, propagate=True, **options)
@@ -131,7 +133,7 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
 
     tracer = children = None
     if report or report_json:
-        from .routing.trace import trace
+        from ..routing.trace import trace
 
         children = _announce_children(session)
 
@@ -164,7 +166,7 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
         if report or report_json:
             _report(session, log if tracer is not None else None, report, report_json, children)
         if exit_guard:
-            from ._exit_guard import arm
+            from .exit_guard import arm
 
             arm(code, f"the script {script}")
     return code
@@ -174,8 +176,8 @@ def _announce_children(session: Any) -> str | None:
     """With --report, adapted child processes (mp.spawn ranks, …) write their own reports to a folder."""
     if not session.config.propagate:
         return None
-    from ._autoinstall import ENV_VAR, encode
-    from ._child_report import new_folder
+    from .autoinstall import ENV_VAR, encode
+    from .child_report import new_folder
 
     folder = new_folder()
     session.patcher.set_env(ENV_VAR, encode({**session.settings(), "announce": folder, "report": True}))
@@ -185,13 +187,13 @@ def _announce_children(session: Any) -> str | None:
 def _run_launcher(argv: list[str], how: Any, target: str, simulate: bool, report: bool, report_json: str | None,
                   options: dict[str, Any]) -> int:
     """The launcher runs unadapted here; the settings its Python children install with are validated first."""
-    from ._launchers import run_launcher
-    from .errors import AdapterError
-    from .session import install, uninstall
+    from .launchers import run_launcher
+    from ..errors import AdapterError
+    from ..session import install, uninstall
 
     try:
         if report_json:  # checked before anything runs, as for a script
-            from ._safe_io import check_output
+            from ..core.safe_io import check_output
 
             report_json = str(check_output(report_json, call="torch-adapter run --report-json"))
         settings = install(target, simulate=simulate, propagate=True, **options).settings()
@@ -215,7 +217,7 @@ def _report(session: Any, log: Any, to_terminal: bool, json_path: str | None, ch
 
     from rich.console import Console
 
-    from . import _child_report
+    from . import child_report as _child_report
 
     records = _child_report.collect(children) if children else []
     if children:
@@ -226,7 +228,7 @@ def _report(session: Any, log: Any, to_terminal: bool, json_path: str | None, ch
         payload["redirects"] = session.redirect_log.to_json()["entries"]
         if reported:
             payload = _child_report.merged_payload(records, payload)
-        from ._safe_io import OutputError, write_text
+        from ..core.safe_io import OutputError, write_text
 
         try:
             write_text(json_path, json.dumps(payload, indent=1), call="torch-adapter run --report-json")

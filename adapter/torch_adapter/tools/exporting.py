@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageError, format_error
+from ..errors import UsageError, format_error
 
 __all__ = ["export", "ExportResult", "SCHEMA", "VERSION"]
 
@@ -83,7 +83,7 @@ class ExportResult:
 
 def _ops(program: Any) -> dict[Any, int]:
     """``{OpOverload: node count}`` of the program's graph."""
-    from ._torch_private import is_op_overload
+    from ..core.torch_private import is_op_overload
 
     counts: dict[Any, int] = {}
     for node in program.graph.nodes:
@@ -96,8 +96,8 @@ def _decomposition(op: Any, decision: Any, defaults: Any) -> Any:
     """The decomposition to lower ``op`` with: torch.export's default (core ATen and
     CompositeImplicitAutograd) table first — its pieces are core ATen ops — else the
     ``torch._decomp`` entry the routing engine itself runs; never a deny-listed one."""
-    from . import _torch_private as tp
-    from .routing.rules import TRAINING_UNSAFE_DECOMPOSITIONS
+    from ..core import torch_private as tp
+    from ..routing.rules import TRAINING_UNSAFE_DECOMPOSITIONS
 
     name = op.name()
     if name in TRAINING_UNSAFE_DECOMPOSITIONS:
@@ -128,7 +128,7 @@ def _profile_note(spec: Any, incomplete: str) -> list[str]:
     """The profile's incompleteness, warned about or refused (``incomplete`` is "warn"/"raise")."""
     import warnings
 
-    from .routing.decide import _profile_of
+    from ..routing.decide import _profile_of
 
     profile = _profile_of(spec)[0]
     if profile.complete:
@@ -146,13 +146,13 @@ def _profile_note(spec: Any, incomplete: str) -> list[str]:
 
 
 def _target_label(target: Any) -> tuple[Any, str]:
-    from ._state import current
+    from ..core.state import current
 
     if target is None:
         session = current()
         if session is not None:
             return None, session.target.name
-        from .target import resolve
+        from ..routing.target import resolve
 
         return None, resolve("auto").name
     name = getattr(target, "name", target)
@@ -179,7 +179,7 @@ def _check(model: Any, example_inputs: Any, path: Any) -> tuple[Any, Path | None
                                           "a path ending in .pt2", repr(os.fspath(path)),
                                           why="torch.export.save writes a .pt2 archive",
                                           fix=f"path={str(out.with_suffix('.pt2'))!r}"))
-        from ._safe_io import check_output  # both files, before anything is exported
+        from ..core.safe_io import check_output  # both files, before anything is exported
 
         out = check_output(out, call="torch_adapter.export(path=...)")
         check_output(out.with_suffix(".routing.json"), call="torch_adapter.export(path=...): the routing report")
@@ -199,8 +199,8 @@ def export(model: Any, example_inputs: Any, *, target: Any = None, path: str | o
     """
     import torch
 
-    from .routing.decide import Route, explain
-    from .routing.internal import internal
+    from ..routing.decide import Route, explain
+    from ..routing.internal import internal
 
     args, out = _check(model, example_inputs, path)
     if incomplete not in ("warn", "raise"):
@@ -262,7 +262,7 @@ def export(model: Any, example_inputs: Any, *, target: Any = None, path: str | o
     result = ExportResult(program, label, sorted(tried - {op.name() for op in counts}), fallbacks, composite, routes,
                           leftovers, notes)
     if out is not None:  # the one safe writer (_safe_io): atomic, the folder must exist
-        from ._safe_io import atomic_writer, write_text
+        from ..core.safe_io import atomic_writer, write_text
 
         with atomic_writer(out, call="torch_adapter.export(path=...)") as fh:
             torch.export.save(program, fh)

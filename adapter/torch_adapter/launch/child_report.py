@@ -99,7 +99,7 @@ def label(record: dict[str, Any]) -> str:
 
 
 def _write(folder: str, record: dict[str, Any]) -> None:
-    from ._safe_io import write_text
+    from ..core.safe_io import write_text
 
     write_text(os.path.join(folder, f"{record['pid']}.json"), json.dumps(record),
                call="torch_adapter: a child process's exit report")
@@ -127,7 +127,7 @@ def start(options: dict[str, Any], session: Any) -> None:
     _remember_group(session, folder, record)
     tracer = log = None
     if options.get("report"):
-        from .routing.trace import trace
+        from ..routing.trace import trace
 
         tracer = trace(use_observer=False)
         log = tracer.__enter__()
@@ -180,7 +180,7 @@ def reported(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def merged_payload(records: list[dict[str, Any]], parent: dict[str, Any] | None = None) -> dict[str, Any]:
     """One routing log (schema torch-adapter.routing-log) over the parent and every child, plus per process."""
-    from .routing.log import RoutingLog
+    from ..routing.log import RoutingLog
 
     logs = [RoutingLog.from_dict(r["routing"]) for r in reported(records)]
     if parent and parent.get("ops"):
@@ -200,7 +200,7 @@ def _recorded_redirects(rows: list[dict[str, Any]]) -> Any:
     """A RedirectLog over rows a child wrote (its ``to_json()["entries"]``), for rendering."""
     from dataclasses import fields
 
-    from .redirect.log import RedirectEntry, RedirectLog
+    from ..redirect.log import RedirectEntry, RedirectLog
 
     names = {f.name for f in fields(RedirectEntry)}
     entries = [RedirectEntry(**{k: v for k, v in row.items() if k in names}) for row in rows]
@@ -214,7 +214,7 @@ def _recorded_redirects(rows: list[dict[str, Any]]) -> Any:
 
 def render(records: list[dict[str, Any]], console: Any) -> None:
     """One labelled report per child that recorded ops, then the totals over all of them."""
-    from .routing.log import RoutingLog
+    from ..routing.log import RoutingLog
 
     shown = reported(records)
     total = RoutingLog()
