@@ -173,7 +173,7 @@ _SHELL_SCRIPT = textwrap.dedent("""
     from IPython.testing import globalipapp
     from IPython.utils.capture import capture_output
     from torch_adapter.jupyter import schema
-    from torch_adapter.routing import decide, self_decomp
+    from torch_adapter.routing import choose, self_decomp
 
     ip = globalipapp.start_ipython() or globalipapp.get_ipython()
     ip.run_line_magic("load_ext", "torch_adapter")
@@ -187,7 +187,7 @@ _SHELL_SCRIPT = textwrap.dedent("""
         return {"counts": [p["counts"] for p in payloads], "probed": probed}
 
     out = {"targets": cell("import torch, torch_adapter\\nrows = torch_adapter.targets()\\n")}
-    decide.clear_caches()  # the next cell probes afresh too
+    choose.clear_caches()  # the next cell probes afresh too
     self_decomp.calls_itself.cache_clear()
     out["targets+user"] = cell("rows = torch_adapter.targets()\\ny = torch.ones(4).relu() + 1\\n")
     out["user"] = cell("y = torch.ones(4).relu() + 1\\n")

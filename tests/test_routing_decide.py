@@ -11,7 +11,7 @@ import torch_adapter
 from torch_adapter import Route, RouteDecision, explain
 from torch_adapter.errors import UsageError
 from torch_adapter.routing import profiles, rules
-from torch_adapter.routing.decide import choose_route, decide_name
+from torch_adapter.routing.choose import choose_route, decide_name
 
 
 @pytest.mark.parametrize("op, route, via, words", [
@@ -102,3 +102,32 @@ def test_explain_defaults_to_the_installed_target():
         torch_adapter.configure(force_cpu=["aten::heaviside"])
         d = explain("aten::heaviside")
         assert d.route is Route.FALLBACK and "configure(force_cpu=...)" in d.reason
+
+
+def test_decide_is_pure_its_answer_rests_on_its_arguments_alone():
+    """decide() runs no probe and dispatches nothing: the self-decomposition fact is an argument
+    (choose.decide_name supplies what the probe finds)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from torch_adapter.routing import profiles, self_decomp
+    from torch_adapter.routing.decide import Route, decide
+
+    class Count(TorchDispatchMode):
+        ops: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    mtia = profiles.load_profile("mtia")
+    name = "aten::var.correction"  # its decomposition re-enters var (prims.var -> torch.var)
+    decide.cache_clear()
+    self_decomp.calls_itself.cache_clear()
+    with Count() as mode:
+        plain = decide(name, mtia)
+        told = decide(name, mtia, self_calling=frozenset({name}))
+    assert mode.ops == [] and self_decomp.calls_itself.cache_info().currsize == 0
+    assert plain.route is Route.COMPOSITE and plain.via == "torch._decomp"
+    assert told.route is Route.FALLBACK and "calls the op itself" in told.reason
+    assert decide_name(name, mtia).route is Route.FALLBACK  # the engine's route: the probe consulted

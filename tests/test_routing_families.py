@@ -18,7 +18,9 @@ from torch_adapter.coverage import engine as cov_engine
 from torch_adapter.coverage.models import FAMILIES
 from torch_adapter.routing import kernel_families as kf
 from torch_adapter.routing import ops_table, profiles, self_decomp
-from torch_adapter.routing.decide import Route, decide_name, explain
+from torch_adapter.routing.choose import decide_name
+from torch_adapter.routing.decide import Route
+from torch_adapter.routing.explain import explain
 
 SIMULATED = ("cuda", "mps", "npu", "xpu", "mtia")
 HOST_KERNELS = ("aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward", "aten::_slow_conv2d_forward",

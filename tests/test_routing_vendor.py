@@ -21,7 +21,8 @@ import yaml
 
 import torch_adapter
 from torch_adapter.routing import ops_table, profiles, vendor_tables
-from torch_adapter.routing.decide import Route, explain
+from torch_adapter.routing.decide import Route
+from torch_adapter.routing.explain import explain
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "target-data"  # the project's ../shared
 needs_data = pytest.mark.skipif(not (DATA / "ascend").is_dir(), reason=f"vendor files not found at {DATA}")

@@ -59,7 +59,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Route": ("routing.decide", "Route"),
     "RouteDecision": ("routing.decide", "RouteDecision"),
     "RoutingLog": ("routing.log", "RoutingLog"),
-    "explain": ("routing.decide", "explain"),
+    "explain": ("routing.explain", "explain"),
     "register_fallback": ("routing.registry", "register_fallback"),
     "register_accelerated": ("routing.registry", "register_accelerated"),
     "optimize": ("routing.optimize", None),

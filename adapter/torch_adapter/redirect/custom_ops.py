@@ -126,9 +126,9 @@ class CudaKernels:
 def _forget_routes() -> None:
     import sys
 
-    decide = sys.modules.get("torch_adapter.routing.decide")
-    if decide is not None:
-        decide.clear_caches()
+    choose = sys.modules.get("torch_adapter.routing.choose")
+    if choose is not None:
+        choose.clear_caches()
 
 
 def _patched_impl(kernels: CudaKernels, original: Any) -> Any:

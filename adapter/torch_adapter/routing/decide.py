@@ -8,8 +8,8 @@ Order (measured to reproduce plain results bit-for-bit: docs/figures/README.md#r
 4. forced to the CPU (profile ``fallback`` / ``configure(force_cpu=)``)  -> FALLBACK
 5. a Python implementation from ``register_fallback``                    -> FALLBACK
 6. the op's own CompositeExplicitAutograd / CompositeImplicitAutograd kernel -> COMPOSITE
-7. a ``torch._decomp`` decomposition not on the training-unsafe deny-list and that does not
-   call the op itself (:mod:`.self_decomp`, checked once per op)      -> COMPOSITE
+7. a ``torch._decomp`` decomposition not on the training-unsafe deny-list and not known to
+   call the op itself (``self_calling``: what :mod:`.self_decomp` found) -> COMPOSITE
 8. a device-essential op (allocation, copy, scalar read: every backend has it) -> NATIVE
 9. otherwise: copy to the CPU, run there, copy back                      -> FALLBACK
 
@@ -17,23 +17,24 @@ Before all of them, on a simulated target, a kernel the CPU host selected inside
 (``mkldnn_rnn_layer`` under ``lstm``) is routed as the target's own member of its family
 (:mod:`.kernel_families`), with the host's kernel named in the reason.
 
-:func:`choose_route` is cached; :func:`explain` is its user-facing form.
+:func:`decide` is pure: its answer depends on its arguments alone — it reads no session, runs
+no probe and dispatches nothing (the profile, registry snapshot, policy and the set of ops
+whose decomposition calls themselves are plain data). The routes the engine takes are
+:func:`.choose.decide_name`: this function completed with what the self-decomposition
+probe finds; :func:`.explain.explain` is its user-facing form.
 """
 
 from __future__ import annotations
 
-import difflib
 import enum
 import functools
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.torch_private import all_op_names, decompositions, has_kernel_for_key
-from ..errors import UsageError, format_error
-from . import kernel_families, ops_table, rules, self_decomp
+from ..core.torch_private import decompositions, has_kernel_for_key
+from . import kernel_families, ops_table, rules
 
-__all__ = ["Route", "RouteDecision", "choose_route", "decide_name", "explain", "op_name",
-           "known_op_names", "is_known_op", "clear_caches"]
+__all__ = ["Route", "RouteDecision", "decide"]
 
 
 class Route(str, enum.Enum):
@@ -58,76 +59,6 @@ class RouteDecision:
 
     def __str__(self) -> str:
         return f"{self.op} -> {self.route.value} ({self.reason})"
-
-
-# -- op names ------------------------------------------------------------------------------
-def known_op_names() -> frozenset[str]:
-    """Every op name the table or the dispatcher knows (custom ops registered later included)."""
-    return frozenset(ops_table.load_table()) | frozenset(all_op_names())
-
-
-_KNOWN: list[frozenset[str]] = []
-_NOT_OPS: set[str] = set()  # names seen that are no op (profiler ranges such as "autograd::engine::...")
-
-
-def is_known_op(name: str) -> bool:
-    """``name in known_op_names()``, cheap on a hot path (after every notebook cell): the set is
-    cached and re-read from the dispatcher only for a name it has not seen (an op registered
-    since); names that are no op are remembered as such (an op observed was registered first)."""
-    if _KNOWN and name in _KNOWN[0]:
-        return True
-    if name in _NOT_OPS:
-        return False
-    _KNOWN[:] = [known_op_names()]
-    if name in _KNOWN[0]:
-        return True
-    _NOT_OPS.add(name)
-    return False
-
-
-@functools.lru_cache(maxsize=1)
-def _namespaces() -> frozenset[str]:
-    return frozenset(n.partition("::")[0] for n in all_op_names())
-
-
-def _candidates(text: str) -> list[str]:
-    text = text.strip()
-    if text.startswith("torch.ops."):
-        text = text[len("torch.ops."):]
-    if "::" not in text:
-        head, dot, rest = text.partition(".")
-        text = f"{head}::{rest}" if dot and head in _namespaces() else f"aten::{text}"
-    if text.endswith(".default"):
-        text = text[: -len(".default")]
-    return [text]
-
-
-def op_name(op: Any, *, call: str = "torch_adapter.explain()") -> str:
-    """The canonical name of ``op`` (an OpOverload or a string); UsageError if unknown."""
-    name_fn = getattr(op, "name", None)
-    if callable(name_fn) and hasattr(op, "_schema"):
-        return str(name_fn())
-    if hasattr(op, "overloads") and hasattr(op, "_qualified_op_name"):  # an OpOverloadPacket
-        return op_name(op._qualified_op_name, call=call)
-    if not isinstance(op, str):
-        raise UsageError(format_error(call, 'an op name such as "aten::nonzero" or an OpOverload',
-                                      f"{op!r} ({type(op).__name__})",
-                                      fix='pass e.g. "aten::add.Tensor" or torch.ops.aten.add.Tensor'))
-    names = known_op_names()
-    (name,) = _candidates(op)
-    if name in names:
-        return name
-    overloads = sorted(n for n in names if n.startswith(name + "."))
-    if overloads:
-        raise UsageError(format_error(
-            call, "one overload of the op", f"{op!r}, which names {len(overloads)} overloads",
-            why="routes differ per overload", fix=f"name one of: {', '.join(overloads[:8])}"))
-    close = difflib.get_close_matches(name, sorted(names), n=3, cutoff=0.75)
-    raise UsageError(format_error(
-        call, 'an op this torch knows, e.g. "aten::nonzero" or "aten::add.Tensor"', repr(op),
-        why="no operator of that name is registered",
-        fix=f"did you mean {' or '.join(close)}?" if close else
-        "list op names with torch._C._dispatch_get_all_op_names()"))
 
 
 # -- the decision ----------------------------------------------------------------------------
@@ -177,7 +108,8 @@ def _target_member(family: Any, profile: Any) -> Any:
     return family.generic
 
 
-def _device_selected(name: str, profile: Any, registry: Any, policy: Any) -> RouteDecision | None:
+def _device_selected(name: str, profile: Any, registry: Any, policy: Any,
+                     self_calling: frozenset[str]) -> RouteDecision | None:
     """On a simulated target, a kernel this host selected inside another op is routed as the
     target's own member of its family (:mod:`.kernel_families`); None when that is the op itself."""
     if profile.live or profile.dispatch_key == "CPU":
@@ -192,7 +124,7 @@ def _device_selected(name: str, profile: Any, registry: Any, policy: Any) -> Rou
     op = member.forward if role == "forward" or member.backward is None else member.backward
     if op == name:
         return None
-    d = decide_name(op, profile, registry, policy)
+    d = decide(op, profile, registry, policy, self_calling)
     part = "" if role == "forward" or member.backward else " (its backward: autograd through it)"
     reason = (f"{d.reason}. Device-selected kernel: {family.selector} picks {op}{part} ({member.backend}) on "
               f"{profile.name}; this host ran its own {name} in its place")
@@ -200,13 +132,15 @@ def _device_selected(name: str, profile: Any, registry: Any, policy: Any) -> Rou
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def decide_name(name: str, profile: Any, registry: Any = None, policy: Any = None) -> RouteDecision:
-    """The route of the op called ``name`` on ``profile`` (cached; all arguments hashable).
+def decide(name: str, profile: Any, registry: Any = None, policy: Any = None,
+           self_calling: frozenset[str] = frozenset()) -> RouteDecision:
+    """The route of the op called ``name`` on ``profile``: pure, so cached (all arguments hashable).
 
     ``registry`` is a :class:`~torch_adapter.routing.registry.RegistrySnapshot` or None,
-    ``policy`` a :class:`~torch_adapter.routing.policy.Policy` or None.
+    ``policy`` a :class:`~torch_adapter.routing.policy.Policy` or None, ``self_calling`` the
+    ops known to re-enter themselves through their ``torch._decomp`` decomposition.
     """
-    selected = _device_selected(name, profile, registry, policy)
+    selected = _device_selected(name, profile, registry, policy, self_calling)
     if selected is not None:
         return selected
     key = profile.dispatch_key
@@ -241,7 +175,7 @@ def decide_name(name: str, profile: Any, registry: Any = None, policy: Any = Non
                              f"{lacks}; CompositeImplicitAutograd: decomposes into other aten ops above autograd", kind)
     decomp = decompositions().get(name)
     unsafe = rules.TRAINING_UNSAFE_DECOMPOSITIONS.get(name)
-    if decomp is not None and unsafe is None and self_decomp.calls_itself(name, profile):
+    if decomp is not None and unsafe is None and name in self_calling:
         return RouteDecision(name, Route.FALLBACK, f"{lacks}; its torch._decomp decomposition calls the op itself "
                              "(found once, on sample inputs), so it runs on the CPU (inputs copied there, results back)",
                              "cpu")
@@ -261,78 +195,3 @@ def decide_name(name: str, profile: Any, registry: Any = None, policy: Any = Non
     if host_note:  # eager code on the real target would not call it; an exported graph would
         reason += f". Note: {host_note}"
     return RouteDecision(name, Route.FALLBACK, reason, "cpu")
-
-
-def choose_route(op: Any, profile: Any, registry: Any = None, policy: Any = None) -> RouteDecision:
-    """The RouteDecision of ``op`` (OpOverload or name) on ``profile``. Pure and cached.
-
-    ``registry`` may be a live :class:`~torch_adapter.routing.registry.Registry` (its
-    current snapshot is used) or a snapshot.
-    """
-    name = op.name() if hasattr(op, "_schema") else op_name(op, call="choose_route()")
-    snapshot = registry.snapshot() if hasattr(registry, "snapshot") else registry
-    return decide_name(name, profile, snapshot, policy)
-
-
-def clear_caches() -> None:
-    """Forget cached decisions and op names (after registering new custom ops)."""
-    decide_name.cache_clear()
-    _KNOWN.clear()
-    _NOT_OPS.clear()
-
-
-# -- explain ---------------------------------------------------------------------------------
-def _profile_of(target: Any) -> tuple[Any, Any, Any]:
-    """(profile, registry, policy) for explain()'s ``target`` argument."""
-    from ..core.state import current
-    from .target import Target, _detect_one, KNOWN
-    from . import profiles
-
-    session = current()
-    if target is None:
-        if session is not None:
-            target = session.target
-        else:
-            from .target import resolve
-
-            target = resolve("auto")
-    if isinstance(target, profiles.CapabilityProfile):
-        profile = target
-    elif isinstance(target, Target):
-        profile = profiles.profile_for(target)
-    elif isinstance(target, str):
-        key = target.strip().lower()
-        if session is not None and key == session.target.name:
-            profile = profiles.profile_for(session.target)
-        elif key in KNOWN and _detect_one(key).present:
-            real = _detect_one(key)
-            profile = profiles.live_profile(real.name, real.dispatch_key)
-        else:
-            profile = profiles.load_profile(target)
-    else:
-        raise UsageError(format_error(
-            "torch_adapter.explain(op, target=...)", 'a target name ("mps"), a Target or a CapabilityProfile',
-            f"{target!r} ({type(target).__name__})", fix='e.g. explain("aten::nonzero", target="mps")'))
-    if session is not None and session.target.name == profile.name:
-        from .policy import policy_of
-        from .registry import registry_of
-
-        reg = registry_of(session, create=False)
-        return profile, (reg.snapshot() if reg is not None else None), policy_of(session)
-    return profile, None, None
-
-
-def explain(op: Any, target: Any = None) -> RouteDecision:
-    """How ``op`` is routed on ``target``, and why — without running anything.
-
-    ``op``: ``"aten::nonzero"``, ``"aten::add.Tensor"``, ``"nonzero"`` or an OpOverload.
-    ``target``: a name (``"mps"`` previews the built-in profile unless an MPS device is
-    present), a ``.toml`` profile, a Target or a CapabilityProfile; by default the
-    installed target, or this machine's.
-
-    >>> torch_adapter.explain("aten::_linalg_eigh", target="mps").route
-    <Route.FALLBACK: 'fallback'>
-    """
-    name = op_name(op)
-    profile, registry, policy = _profile_of(target)
-    return decide_name(name, profile, registry, policy)

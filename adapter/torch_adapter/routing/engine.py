@@ -26,7 +26,9 @@ from typing import Any, Callable
 
 from ..core import torch_private as tp
 from . import ops_table, rules
-from .decide import Route, RouteDecision, decide_name
+from .choose import decide_name
+from .decide import Route, RouteDecision
+from .dispatch_state import state
 from .internal import active as internal_active
 from .log import RoutingLog
 from .policy import FallbackCounter, Policy, make_policy
@@ -34,21 +36,6 @@ from .policy import FallbackCounter, Policy, make_policy
 __all__ = ["Engine", "attach", "state"]
 
 
-class _State(threading.local):
-    """Per-thread engine state (autograd's CPU backward runs on the calling thread)."""
-
-    def __init__(self) -> None:
-        self.stack: list[str] = []  # ops being decomposed (recursion guard)
-        self.bypass = 0  # > 0 inside a CPU fallback: ops run as the host runs them
-        self.recorded: str | None = None  # op a trace recorder is counting (it records after the call)
-        self.decided: Any = None  # the decision that op really took (a declined decomposition: fallback)
-        self.parent: str | None = None  # the composite op whose pieces are running
-        self.child_ns = 0  # time of recorded children, for self time
-        self.recorder: Any = None  # the active trace recorder mode, re-entered for pieces
-        self.popped = False  # the recorder is handling an op (so it is off the mode stack)
-
-
-state = _State()
 
 
 def _map(obj: Any, fn: Callable[[Any], Any], kind: type) -> Any:

@@ -113,7 +113,7 @@ def _functional(fn: Callable[..., Any], names: list[str]) -> Callable[..., Any]:
 
 def _traced(cls: type, forward: Callable[..., Any], label: str) -> Callable[..., Any]:
     from .decide import Route, RouteDecision
-    from .engine import state
+    from .dispatch_state import state
     from .trace import _ACTIVE
 
     op = f"optimize::{_qualname(cls)}"

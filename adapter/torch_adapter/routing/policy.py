@@ -45,7 +45,7 @@ class Policy:
 
 def _expand(names: Iterable[str], option: str, known: frozenset[str]) -> dict[str, frozenset[str]]:
     """``{name as given: op overloads it names}``; a packet name ("aten::mm") names all overloads."""
-    from .decide import _candidates, op_name
+    from .names import candidates, op_name
     from .profiles import match_ops
 
     out: dict[str, frozenset[str]] = {}
@@ -54,7 +54,7 @@ def _expand(names: Iterable[str], option: str, known: frozenset[str]) -> dict[st
             raise UsageError(format_error(
                 f"torch_adapter.configure({option}=...)", 'op names such as "aten::nonzero"',
                 f"{raw!r} ({type(raw).__name__})", fix=f'e.g. configure({option}=["aten::nonzero"])'))
-        (name,) = _candidates(raw)
+        (name,) = candidates(raw)
         found = match_ops([name], known)[name]
         if not found:
             op_name(raw, call=f"torch_adapter.configure({option}=[{raw!r}])")  # raises, with suggestions
@@ -72,7 +72,8 @@ def _warn(message: str) -> None:
 def make_policy(config: Any, profile: Any) -> Policy:
     """Check ``config``'s routing options against ``profile`` and resolve op names."""
     from . import rules
-    from .decide import decide_name, known_op_names
+    from .choose import decide_name
+    from .names import known_op_names
 
     known = known_op_names()
     force = _expand(config.force_cpu, "force_cpu", known)

@@ -309,12 +309,12 @@ def _check_dispatch_key(path: str, key: str) -> None:
 
 
 # -- listing ---------------------------------------------------------------------------------
-def simulated_rows() -> list[dict[str, Any]]:
-    """One ``targets()`` row per built-in simulated profile, with route counts over its table."""
-    from .target import resolve
-    from .decide import Route, decide_name
+def simulated_rows(host: Any) -> list[dict[str, Any]]:
+    """One ``targets()`` row per built-in simulated profile, with route counts over its table;
+    ``host`` is the real target that executes them."""
+    from .choose import decide_name
+    from .decide import Route
 
-    host = resolve("auto")
     names = list(ops_table.load_table())
     rows = []
     for name, (key, complete, note) in BUILTIN.items():

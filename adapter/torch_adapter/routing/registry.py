@@ -194,7 +194,7 @@ def _session(call: str) -> Any:
 
 
 def _register(kind: str, op: Any, fn: Callable[..., Any] | None, device: str | None) -> Any:
-    from .decide import op_name
+    from .names import op_name
     from .log import user_site
 
     call = f"torch_adapter.register_{kind}({op!r}{f', device={device!r}' if device else ''})"

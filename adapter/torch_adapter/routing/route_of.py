@@ -16,7 +16,8 @@ __all__ = ["decider"]
 def decider() -> tuple[Callable[[str], Any], Any, dict[str, Any]]:
     """``(decide, engine, meta)``: ``decide("aten::log")`` -> RouteDecision, or None for a name
     the dispatcher does not know; the session's engine or None; target metadata (JSON-able)."""
-    from .decide import decide_name, is_known_op
+    from .choose import decide_name
+    from .names import is_known_op
     from .profiles import profile_for
     from ..core.state import current
     from .target import resolve

@@ -10,6 +10,9 @@ that records every op called (prims expanded into their ``impl_aten``), and answ
 the op itself was among them. Ops whose samples cannot be built or run answer None
 (unknown: the decomposition is kept and the engine still declines at run time if needed).
 The probe runs under :func:`~.internal.internal`: no routing report counts its ops.
+
+:func:`decided` is the pure decision (:func:`.decide.decide`) completed with the probe's
+answer: a decomposition that re-enters its op is no composite route.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import functools
 import threading
 from typing import Any
 
+from .decide import RouteDecision, decide
+from .dispatch_state import state
 from .internal import internal
 
-__all__ = ["calls_itself", "sample_args"]
+__all__ = ["calls_itself", "decided", "sample_args"]
 
 _SHAPE = (2, 3, 4, 4)  # N, C, H, W: pools, convolutions, norms and elementwise ops all take it
 _PER_CHANNEL = ("weight", "bias", "running_mean", "running_var", "mean", "invstd", "rstd", "save_mean",
@@ -133,11 +138,7 @@ def _probe(name: str, profile: Any) -> bool | None:
     found: list[bool] = []
 
     def how(func: Any) -> str | None:
-        if profile is None:
-            return None
-        from .decide import decide_name
-
-        return decide_name(func.name(), profile).via
+        return None if profile is None else decided(func.name(), profile).via
 
     class Probe(tp.dispatch_mode_base()):  # type: ignore[misc]
         def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
@@ -166,8 +167,6 @@ def _probe(name: str, profile: Any) -> bool | None:
 
     import warnings
 
-    from .engine import state
-
     state.bypass += 1  # an installed engine runs host kernels, unrouted and unrecorded
     try:
         with tp.no_dispatch_modes(), warnings.catch_warnings():  # no trace() recorder sees the probe
@@ -183,3 +182,12 @@ def _probe(name: str, profile: Any) -> bool | None:
     finally:
         state.bypass -= 1
     return bool(found)
+
+
+def decided(name: str, profile: Any, registry: Any = None, policy: Any = None) -> RouteDecision:
+    """The route of ``name`` on ``profile``, the probe consulted where the decision rests on a
+    ``torch._decomp`` decomposition (only there: the probe runs once per op and profile)."""
+    d = decide(name, profile, registry, policy)
+    if d.via == "torch._decomp" and calls_itself(name, profile):
+        d = decide(name, profile, registry, policy, frozenset({name}))
+    return d

@@ -230,7 +230,7 @@ def targets(*, simulated: bool = True) -> list[dict[str, Any]]:
             from . import profiles
         except ImportError:  # pragma: no cover - routing is part of the package
             return rows
-        rows.extend(profiles.simulated_rows())
+        rows.extend(profiles.simulated_rows(resolve("auto")))
     return rows
 
 

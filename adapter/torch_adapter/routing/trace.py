@@ -24,8 +24,9 @@ import time
 from typing import Any, Iterator
 
 from ..core.torch_private import dispatch_mode_base
-from .decide import decide_name, is_known_op
-from .engine import state
+from .choose import decide_name
+from .dispatch_state import state
+from .names import is_known_op
 from .internal import active as internal_active
 from .log import RoutingLog
 

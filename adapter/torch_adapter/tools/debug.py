@@ -201,7 +201,7 @@ class _CpuCompare:
         cargs, ckwargs = copies
         state = None
         if self._engine is not None:
-            from ..routing.engine import state
+            from ..routing.dispatch_state import state
             state.bypass += 1  # the plain host kernel, not the target's route
         try:
             ref = func(*cargs, **ckwargs)
@@ -254,12 +254,12 @@ def _check_ops(ops: Any) -> tuple[str, ...] | None:
     if not isinstance(ops, (list, tuple, set, frozenset)) or not all(isinstance(o, str) for o in ops):
         raise UsageError(format_error(call, 'op names or globs, e.g. ["aten::log", "aten::_linalg_*"]',
                                       f"{ops!r} ({type(ops).__name__})", fix='ops=["aten::heaviside"]'))
-    from ..routing.decide import _candidates, known_op_names, op_name
+    from ..routing.names import candidates, known_op_names, op_name
 
     known = known_op_names()
     out = []
     for raw in ops:
-        (name,) = _candidates(raw)
+        (name,) = candidates(raw)
         if not any(_matches(n, (name,)) for n in known):
             if not any(c in raw for c in "*?["):
                 op_name(raw, call=call)  # raises, with close matches

@@ -128,9 +128,9 @@ def _profile_note(spec: Any, incomplete: str) -> list[str]:
     """The profile's incompleteness, warned about or refused (``incomplete`` is "warn"/"raise")."""
     import warnings
 
-    from ..routing.decide import _profile_of
+    from ..routing.explain import profile_of
 
-    profile = _profile_of(spec)[0]
+    profile = profile_of(spec)[0]
     if profile.complete:
         return []
     note = (f"the {profile.name} profile is incomplete ({profile.description or profile.source}): ops it lacks in "
@@ -199,7 +199,8 @@ def export(model: Any, example_inputs: Any, *, target: Any = None, path: str | o
     """
     import torch
 
-    from ..routing.decide import Route, explain
+    from ..routing.decide import Route
+    from ..routing.explain import explain
     from ..routing.internal import internal
 
     args, out = _check(model, example_inputs, path)
