@@ -69,10 +69,9 @@ class AdapterSession:
     # -- lifecycle ---------------------------------------------------------------
     def _open(self) -> None:
         from .tools.session_tools import apply as apply_tools
-        from .redirect import apply_all
 
         try:
-            apply_all(self)
+            self._redirect()
             if self._enforces(self.config):
                 self._attach_routing()
             apply_tools(self, None)
@@ -120,10 +119,18 @@ class AdapterSession:
         if errors:
             raise errors[0]
 
-    def _resume(self) -> None:
-        from .redirect import apply_all
+    def _redirect(self) -> None:
+        """Every redirect surface on the Patcher; with ``propagate``, the settings handed on to
+        child processes (their start-up hook installs the same session)."""
+        from .core.config import CHILD_SETTINGS_ENV, encode_child_settings
+        from .redirect.install import apply_all
 
         apply_all(self)
+        if self.config.propagate:
+            self.patcher.set_env(CHILD_SETTINGS_ENV, encode_child_settings(self.settings()))
+
+    def _resume(self) -> None:
+        self._redirect()
         if self.routing is not None:
             self.routing.refresh()
         for _, resume in self.suspenders:

@@ -8,13 +8,22 @@ installs anything; the session applies a checked Config.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..errors import UsageError, format_error
 
-__all__ = ["Config", "make_config", "AMP_POLICIES", "OPTIMIZATION_LEVELS", "MEMORY_STRATEGIES", "DEBUG_MODES",
+__all__ = ["CHILD_SETTINGS_ENV", "encode_child_settings", "Config", "make_config", "AMP_POLICIES", "OPTIMIZATION_LEVELS", "MEMORY_STRATEGIES", "DEBUG_MODES",
            "MIXED_PRECISION", "FUSION_PATTERNS", "COLLECTIVE_BACKENDS", "collective_backends"]
+
+# the settings a parent hands its adapted child processes (JSON; read at their start-up by
+# launch/autoinstall.py through the .pth hook)
+CHILD_SETTINGS_ENV = "TORCH_ADAPTER_AUTOINSTALL"
+
+
+def encode_child_settings(settings: dict) -> str:
+    return json.dumps(settings, sort_keys=True)
 
 AMP_POLICIES = ("auto", "float16", "bfloat16", "float32")
 OPTIMIZATION_LEVELS = ("conservative", "balanced", "aggressive")

@@ -18,14 +18,11 @@ import json
 import os
 import sys
 
-__all__ = ["ENV_VAR", "activate", "encode"]
+from ..core.config import CHILD_SETTINGS_ENV as ENV_VAR
 
-ENV_VAR = "TORCH_ADAPTER_AUTOINSTALL"
+__all__ = ["activate"]
+
 _ACTIVATED = False  # the run-once guard (this module stays in sys.modules between .pth lines)
-
-
-def encode(settings: dict) -> str:
-    return json.dumps(settings, sort_keys=True)
 
 
 def activate() -> None:

@@ -18,11 +18,20 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["ENV_VAR", "DEFAULT_TIMEOUT_S", "timeout_s", "arm", "arm_at_shutdown", "shutdown_code"]
+__all__ = ["exit_code", "ENV_VAR", "DEFAULT_TIMEOUT_S", "timeout_s", "arm", "arm_at_shutdown", "shutdown_code"]
 
 ENV_VAR = "TORCH_ADAPTER_EXIT_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0
 _ARMED: list[Any] = []
+
+
+def exit_code(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
 
 
 def timeout_s() -> float:

@@ -57,7 +57,7 @@ def run_launcher(argv: list[str], how: tuple[str, Any], settings: dict[str, Any]
                  report_json: str | None) -> int:
     """Run ``argv`` (the launcher and its arguments) unadapted; its Python children adapted. Its exit code."""
     from . import child_report as _child_report
-    from .autoinstall import ENV_VAR, encode
+    from ..core.config import CHILD_SETTINGS_ENV as ENV_VAR, encode_child_settings as encode
 
     name = os.path.basename(argv[0])
     kind, what = how
@@ -84,7 +84,7 @@ def run_launcher(argv: list[str], how: tuple[str, Any], settings: dict[str, Any]
 
 
 def _run(argv: list[str], kind: str, what: Any) -> int:
-    from .runner import _exit_code
+    from .exit_guard import exit_code as _exit_code
 
     if kind == "exec":
         try:

@@ -23,20 +23,12 @@ import traceback
 from typing import Any
 
 from ..core.callsite import PACKAGE_DIR
+from .exit_guard import exit_code
 
 __all__ = ["run_script", "EXIT_USAGE"]
 
 EXIT_USAGE = 2
 _OWN = (PACKAGE_DIR + os.sep, os.path.abspath(runpy.__file__))
-
-
-def _exit_code(code: Any) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
 
 
 def _is_own(filename: str) -> bool:
@@ -150,7 +142,7 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
         else:
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
-        code = _exit_code(exc.code)
+        code = exit_code(exc.code)
     except KeyboardInterrupt:
         code = 130
         print("torch-adapter run: interrupted", file=sys.stderr)
@@ -176,11 +168,11 @@ def _announce_children(session: Any) -> str | None:
     """With --report, adapted child processes (mp.spawn ranks, …) write their own reports to a folder."""
     if not session.config.propagate:
         return None
-    from .autoinstall import ENV_VAR, encode
+    from ..core.config import CHILD_SETTINGS_ENV, encode_child_settings
     from .child_report import new_folder
 
     folder = new_folder()
-    session.patcher.set_env(ENV_VAR, encode({**session.settings(), "announce": folder, "report": True}))
+    session.patcher.set_env(CHILD_SETTINGS_ENV, encode_child_settings({**session.settings(), "announce": folder, "report": True}))
     return folder
 
 

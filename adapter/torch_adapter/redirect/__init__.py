@@ -19,39 +19,6 @@
 - :mod:`.torch_tables` torch's tables of its functions and pickle's names: each stand-in beside its original
 - :mod:`.log`          the redirect log (call sites)
 
-:func:`apply_all` installs them on a session's Patcher, in that order; the session's
+:func:`.install.apply_all` installs them on a session's Patcher, in that order; the session's
 ``uninstall()`` restores every attribute to the identical object.
 """
-
-from __future__ import annotations
-
-from typing import Any
-
-__all__ = ["apply_all"]
-
-
-def apply_all(session: Any) -> None:
-    from . import (accelerator, amp, compiling, cuda_bindings, cuda_ns, custom_ops, devices, distributed,
-                   dtensor_rules, env, probes, torch_tables, torchscript)
-    from .log import remember
-    from ..launch.autoinstall import ENV_VAR, encode
-
-    session.redirect_log.enabled = session.config.log_redirects
-    remember(session.redirect_log)
-    compiling.prepare(session)  # before any patch: torch._dynamo's tables of torch's functions
-    torch_tables.prepare(session)  # before any patch: torch's tables of its functions
-    devices.apply(session)
-    cuda_ns.apply(session)
-    cuda_bindings.apply(session)
-    custom_ops.apply(session)
-    accelerator.apply(session)
-    amp.apply(session)
-    compiling.apply(session)
-    distributed.apply(session)
-    dtensor_rules.apply(session)
-    env.apply(session)
-    probes.apply(session)
-    torchscript.apply(session)  # registers every wrapper patched in above as TorchScript's builtin
-    torch_tables.register(session)  # after every patch: the stand-ins beside torch's functions
-    if session.config.propagate:
-        session.patcher.set_env(ENV_VAR, encode(session.settings()))

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..core.torch_private import op_profiler_start, op_profiler_stop, profiler_function_events
 from .internal import MARKER, REDISPATCH
-from .observe import is_op_key
+from .observed import ObserveResult, is_op_key
 
 __all__ = ["ProfilerSession"]
 
@@ -122,7 +122,6 @@ class ProfilerSession:
                 raise
 
     def stop(self) -> Any:
-        from .observe import ObserveResult
 
         with _HUB_LOCK:
             try:

@@ -42,16 +42,15 @@ warning and an entry in ``result.errors``, and the result holds what was counted
 from __future__ import annotations
 
 import hashlib
-import re
 import sys
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError, format_error
+from .observed import ObserveResult, is_op_key
 
 __all__ = [
     "OpObserver",
@@ -65,42 +64,10 @@ __all__ = [
 
 _SOURCE = Path(__file__).with_name("_observer.cpp")
 _BACKENDS = ("auto", "cpp", "python")
-_OP_KEY = re.compile(r"^\w+::\w+(\.\w+)?$")
 _LOCK = threading.RLock()
 _EXT: Any = None  # the loaded extension module
 _BUILD_ERROR: str | None = None  # why the extension could not be built, once tried
 _WARNED: set[str] = set()  # messages warned about once per process
-
-
-def is_op_key(key: str) -> bool:
-    """Is ``key`` a dispatcher op ("aten::add.Tensor") rather than a named range?"""
-    return bool(_OP_KEY.match(key))
-
-
-@dataclass
-class ObserveResult:
-    """What ran between ``start()`` and ``stop()``. Plain data; JSON-able via :meth:`as_dict`."""
-
-    calls: dict[str, int] = field(default_factory=dict)
-    self_time_ns: dict[str, int] = field(default_factory=dict)
-    children: dict[str, dict[str, int]] = field(default_factory=dict)
-    top_level: dict[str, int] = field(default_factory=dict)
-    backend: str = "none"
-    wall_ns: int = 0
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def total_calls(self) -> int:
-        return sum(n for k, n in self.calls.items() if is_op_key(k))
-
-    def ops(self) -> dict[str, int]:
-        """``calls`` restricted to dispatcher ops (named ranges left out)."""
-        return {k: n for k, n in self.calls.items() if is_op_key(k)}
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"calls": self.calls, "self_time_ns": self.self_time_ns, "children": self.children,
-                "top_level": self.top_level, "backend": self.backend, "wall_ns": self.wall_ns,
-                "errors": self.errors}
 
 
 # -- the C++ extension: naming, building, loading ---------------------------------------
