@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m torch_adapter.check ...``"""
-    from ..cli.main import guarded
+    from ..core.command import guarded
 
     args = build_parser().parse_args(argv)
     args.command = "check"

@@ -159,7 +159,7 @@ def _write_outputs(args: argparse.Namespace, report: Any, err: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m torch_adapter.coverage [options]``."""
-    from ..cli.main import guarded
+    from ..core.command import guarded
 
     args = build_parser().parse_args(argv)
     args.command = "coverage"

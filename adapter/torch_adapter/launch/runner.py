@@ -23,11 +23,11 @@ import traceback
 from typing import Any
 
 from ..core.callsite import PACKAGE_DIR
+from ..core.command import EXIT_USAGE
 from .exit_guard import exit_code
 
 __all__ = ["run_script", "EXIT_USAGE"]
 
-EXIT_USAGE = 2
 _OWN = (PACKAGE_DIR + os.sep, os.path.abspath(runpy.__file__))
 
 
