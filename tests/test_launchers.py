@@ -126,7 +126,7 @@ def test_accelerate_launch_of_the_adapter_module(scripts):
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "rank 0 sum 3 on cpu" in res.stdout and "rank 1 sum 3 on cpu" in res.stdout
-    assert "torch_adapter (rank 0 of 2" in res.stderr and "torch_adapter (rank 1 of 2" in res.stderr
+    assert "torch_adapter, rank 0 of 2 (pid" in res.stderr and "torch_adapter, rank 1 of 2 (pid" in res.stderr
 
 
 def test_report_of_a_script_whose_work_runs_in_spawned_children(scripts):

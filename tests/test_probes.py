@@ -45,8 +45,9 @@ PROGRAM = textwrap.dedent("""
     torch_adapter.install("cpu")
     during = answers()
     import diffusers.utils.import_utils as di, transformers.utils as tu
-    unpatched = {"tf.flash2": tu.is_flash_attn_2_available.__wrapped__(),
-                 "df.xformers": di.is_xformers_available.__wrapped__()}
+    from torch_adapter.core.patching import original_of
+    unpatched = {"tf.flash2": original_of(tu.is_flash_attn_2_available)(),
+                 "df.xformers": original_of(di.is_xformers_available)()}
     stand_in_cuda = torch.cuda.is_available()
     from diffusers import UNet2DModel
     unet = UNet2DModel(sample_size=8, block_out_channels=(8, 8), layers_per_block=1, norm_num_groups=4,

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from typing import Any, Iterator
 
-__all__ = ["Patcher", "MISSING"]
+__all__ = ["Patcher", "MISSING", "bindings", "STAND_IN", "mark_stand_in", "original_of"]
 
 
 class _Missing:
@@ -196,3 +197,41 @@ def _own_dict(owner: Any) -> Any:
         return vars(owner)
     except TypeError:
         return {}
+
+
+def bindings(objects: Any, *, within: str | None = None, name: str | None = None) -> list[tuple[Any, str, Any]]:
+    """Where loaded modules hold one of ``objects`` (an object or an iterable of them, matched by
+    identity): ``(module, attribute, object)`` for its home and every module that bound it with
+    ``from ... import``. ``within`` keeps the modules of one package (``"torch.distributed"``:
+    it and its sub-modules); ``name`` keeps one attribute name. The one scan of ``sys.modules`` for
+    bindings: a patch meant for a function must reach the copies other modules hold, or the
+    callers through them keep torch's own."""
+    wanted = {id(o): o for o in (objects if isinstance(objects, (list, tuple, set, frozenset)) else (objects,))}
+    found = []
+    for modname, module in sorted(sys.modules.items(), key=lambda kv: kv[0]):
+        if module is None or within is not None and not (modname == within or modname.startswith(within + ".")):
+            continue
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        items = [(name, namespace[name])] if name is not None and name in namespace else \
+            [] if name is not None else list(namespace.items())
+        found += [(module, attr, value) for attr, value in items if id(value) in wanted and wanted[id(value)] is value]
+    return found
+
+
+# The one mark of a stand-in: the attribute naming the torch object it stands in for (set on a
+# function, or in a stand-in class's namespace). Readers ask original_of(); a stand-in built over
+# another session's stand-in (nested sessions) names torch's own.
+STAND_IN = "__torch_adapter_original__"
+
+
+def original_of(obj: Any) -> Any:
+    """The torch object ``obj`` stands in for; ``obj`` itself when it is no stand-in."""
+    return getattr(obj, STAND_IN, obj)
+
+
+def mark_stand_in(stand_in: Any, original: Any) -> Any:
+    """Mark ``stand_in`` as standing in for ``original`` (torch's own, never another stand-in)."""
+    setattr(stand_in, STAND_IN, original_of(original))
+    return stand_in

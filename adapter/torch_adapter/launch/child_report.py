@@ -23,6 +23,8 @@ import sys
 import tempfile
 from typing import Any
 
+from ..core.patching import bindings
+
 __all__ = ["CHILD_KEYS", "new_folder", "start", "collect", "label", "render", "merged_payload"]
 
 CHILD_KEYS = ("announce", "report")
@@ -85,17 +87,25 @@ def _remember_group(session: Any, folder: str, record: dict[str, Any]) -> None:
                 pass
         return out
 
-    for name, module in sorted(sys.modules.items()):
-        if name.startswith("torch.distributed") and module is not None \
-                and vars(module).get("init_process_group") is current:
-            session.patcher.set(module, "init_process_group", init_process_group)
+    for module, name, _ in bindings(current, within="torch.distributed", name="init_process_group"):
+        session.patcher.set(module, name, init_process_group)
 
 
 def label(record: dict[str, Any]) -> str:
+    """How reports name a process: ``rank R of W (pid P)`` in a multi-process job, else its pid
+    (and role: a DataLoader worker, a helper)."""
     if record.get("rank") is not None:
         world = record.get("world_size")
         return f"rank {record['rank']}" + (f" of {world}" if world else "") + f" (pid {record['pid']})"
     return f"pid {record['pid']}" + (f" ({record['role']})" if record.get("role") not in (None, "main") else "")
+
+
+def this_process() -> str | None:
+    """This process's :func:`label` inside a multi-process job (torchrun, accelerate launch), else None."""
+    rank, world = _rank_and_world({})
+    if rank is None or not world or world == 1:
+        return None
+    return label({"rank": rank, "world_size": world, "pid": os.getpid()})
 
 
 def _write(folder: str, record: dict[str, Any]) -> None:

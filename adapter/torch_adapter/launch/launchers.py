@@ -56,8 +56,9 @@ def _say(message: str) -> None:
 def run_launcher(argv: list[str], how: tuple[str, Any], settings: dict[str, Any], *, report: bool,
                  report_json: str | None) -> int:
     """Run ``argv`` (the launcher and its arguments) unadapted; its Python children adapted. Its exit code."""
-    from . import child_report as _child_report
     from ..core.config import CHILD_SETTINGS_ENV as ENV_VAR, encode_child_settings as encode
+    from . import child_report as _child_report
+    from .report import write
 
     name = os.path.basename(argv[0])
     kind, what = how
@@ -78,7 +79,7 @@ def run_launcher(argv: list[str], how: tuple[str, Any], settings: dict[str, Any]
     records = _child_report.collect(folder)
     _summarise(name, records)
     if report or report_json:
-        _report(records, report, report_json)
+        write(records, report, report_json)
     shutil.rmtree(folder, ignore_errors=True)
     return code
 
@@ -124,23 +125,3 @@ def _summarise(name: str, records: list[dict[str, Any]]) -> None:
     _say(f"{name} ran unadapted; adapted {len(main)} process(es): {text}{extra}."
          + (f" Ended without an exit report (killed or crashed): {', '.join(unfinished)}." if unfinished else "")
          + (f" Still running (helpers): {', '.join(label(r) for r in running)}." if running else ""))
-
-
-def _report(records: list[dict[str, Any]], to_terminal: bool, json_path: str | None) -> None:
-    import json
-
-    from rich.console import Console
-
-    from . import child_report as _child_report
-
-    if json_path:
-        from ..core.safe_io import OutputError, write_text
-
-        try:
-            write_text(json_path, json.dumps(_child_report.merged_payload(records), indent=1),
-                       call="torch-adapter run --report-json")
-        except OutputError as exc:
-            print(exc, file=sys.stderr)
-    if to_terminal:
-        console = Console(file=sys.stderr, width=None if sys.stderr.isatty() else 140)
-        _child_report.render(records, console)

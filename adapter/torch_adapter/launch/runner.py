@@ -197,44 +197,13 @@ def _run_launcher(argv: list[str], how: Any, target: str, simulate: bool, report
     return run_launcher(argv, how, settings, report=report, report_json=report_json)
 
 
-def _rank_title() -> str:
-    """" (rank R of W)" inside a multi-process job (torchrun, accelerate launch), else ""."""
-    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-    return f" (rank {rank} of {world}, pid {os.getpid()})" if rank and world and world != "1" else ""
-
-
 def _report(session: Any, log: Any, to_terminal: bool, json_path: str | None, children: str | None = None) -> None:
-    import json
     import shutil
 
-    from rich.console import Console
-
     from . import child_report as _child_report
+    from .report import write
 
     records = _child_report.collect(children) if children else []
     if children:
         shutil.rmtree(children, ignore_errors=True)
-    reported = _child_report.reported(records)
-    if json_path:
-        payload = log.to_dict() if log is not None else {}
-        payload["redirects"] = session.redirect_log.to_json()["entries"]
-        if reported:
-            payload = _child_report.merged_payload(records, payload)
-        from ..core.safe_io import OutputError, write_text
-
-        try:
-            write_text(json_path, json.dumps(payload, indent=1), call="torch-adapter run --report-json")
-        except OutputError as exc:  # the path changed while the script ran: say so, keep its exit code
-            print(exc, file=sys.stderr)
-    if to_terminal:
-        console = Console(file=sys.stderr, width=None if sys.stderr.isatty() else 140)
-        parent_ran_ops = log is not None and len(log) > 0
-        if not reported or parent_ran_ops or len(session.redirect_log):
-            console.print(session.redirect_log.render(
-                f"torch_adapter{_rank_title()}: redirected to {session.target.label}"))
-        if log is not None and (parent_ran_ops or not reported):
-            console.print(log)
-        elif reported:
-            console.print(f"torch_adapter: this process ran no ops itself; {len(reported)} adapted child "
-                          f"process(es) did:")
-        _child_report.render(records, console)
+    write(records, to_terminal, json_path, session=session, log=log)

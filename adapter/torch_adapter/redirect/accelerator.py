@@ -45,6 +45,8 @@ from typing import Any, Callable
 import torch
 from torch.compiler import is_dynamo_compiling as _traced  # False when run, True where dynamo traces
 
+from ..core.patching import STAND_IN, mark_stand_in
+
 __all__ = ["ANSWERS", "PASS_THROUGH", "apply", "accelerator_markdown"]
 
 # Modules whose frames only carry a call on behalf of their caller (module docstring).
@@ -125,8 +127,7 @@ def _stand_in(name: str, original: Callable[..., Any], answer: Callable[..., Any
         return answer(*args, **kwargs)
 
     stand_in.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
-    stand_in.__torch_adapter_original__ = original  # type: ignore[attr-defined]
-    return stand_in
+    return mark_stand_in(stand_in, original)
 
 
 def _via_cuda(cuda_name: str) -> Callable[..., Any]:
@@ -165,7 +166,7 @@ def _device_index_class(original: type, log: Any) -> type:
                 self.ctx.__exit__(*exc)
 
     return _Meta("device_index", (), {"__module__": "torch.accelerator", "__doc__": original.__doc__,
-                                      "__torch_adapter_original__": original,
+                                      STAND_IN: original,
                                       "__signature__": inspect.signature(original)})
 
 

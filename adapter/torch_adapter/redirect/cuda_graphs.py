@@ -36,6 +36,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..core import torch_private as _tp
+from ..core.patching import bindings, mark_stand_in, original_of
 from ..errors import AdapterError, UnsupportedCudaFeature, format_error
 
 DOC_MARKDOWN = """
@@ -357,10 +358,9 @@ def _graphed_callables(original: Any) -> Any:
         return original(callables, sample_args, num_warmup_iters=num_warmup_iters,
                         allow_unused_input=allow_unused_input, pool=pool)
 
-    original = getattr(original, "__torch_adapter_original__", original)  # nested sessions
+    original = original_of(original)  # nested sessions
     make_graphed_callables.__doc__ = original.__doc__
-    make_graphed_callables.__torch_adapter_original__ = original  # type: ignore[attr-defined]
-    return make_graphed_callables
+    return mark_stand_in(make_graphed_callables, original)
 
 
 def names(dev_mod: Any) -> dict[str, Any]:
@@ -389,7 +389,7 @@ def capturable_optimizers(session: Any) -> None:
 
     device_type = session.target.device_type
     base = vars(sys.modules["torch.optim.optimizer"])["_get_capturable_supported_devices"]
-    base = getattr(base, "__torch_adapter_original__", base)
+    base = original_of(base)
 
     # TorchScript code calls it too (torch.distributed.optim scripts the functional optimizers at
     # import): redirect/torchscript.py compiles torch's own function there, not this closure.
@@ -397,8 +397,6 @@ def capturable_optimizers(session: Any) -> None:
         devices = base(supports_xla)
         return devices if device_type in devices else [*devices, device_type]
 
-    _get_capturable_supported_devices.__torch_adapter_original__ = base  # type: ignore[attr-defined]
-    for name, module in list(sys.modules.items()):
-        if (name == "torch.optim" or name.startswith("torch.optim.")) and module is not None \
-                and "_get_capturable_supported_devices" in vars(module):
-            session.patcher.set(module, "_get_capturable_supported_devices", _get_capturable_supported_devices)
+    mark_stand_in(_get_capturable_supported_devices, base)
+    for module, name, _ in bindings(base, within="torch.optim", name="_get_capturable_supported_devices"):
+        session.patcher.set(module, name, _get_capturable_supported_devices)

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..core.patching import STAND_IN, mark_stand_in
 from ..errors import UnsupportedCudaFeature, format_error
 from . import cuda_graphs, host_memory
 from .cuda_objects import DeviceProperties, _Event, _Stream
@@ -74,7 +75,7 @@ def _unsupported(name: str, original: Any) -> Any:
             return fail(*args, **kwargs)
 
         return _Meta(name, (), {"__new__": __new__, "__doc__": f"torch.cuda.{name}: unsupported off CUDA ({why}).",
-                                "__module__": "torch.cuda", "__torch_adapter_original__": original,
+                                "__module__": "torch.cuda", STAND_IN: original,
                                 "__signature__": sig})
     fail.__name__ = name
     fail.__qualname__ = name
@@ -115,11 +116,17 @@ class StandIn:
         return fn if callable(fn) else cpu_impl
 
     def names(self) -> dict[str, Any]:
+        """Every name of the stand-in namespace: torch.cuda's answers for the target."""
+        ns: dict[str, Any] = {}
+        for part in (self._device_names, self._info_names, self._stream_names, self._rng_names,
+                     self._memory_names, self._legacy_names):
+            part(ns)
+        return ns
+
+    def _device_names(self, ns: dict[str, Any]) -> None:
+        """Availability, the current device and the device context managers."""
         m, d = self.mapper, self._delegate
         cpu = m.on_cpu
-        gen = torch.default_generator
-        ns: dict[str, Any] = {}
-
         ns["is_available"] = lambda: True
         ns["is_initialized"] = lambda: True
         ns["init"] = lambda: None
@@ -161,6 +168,9 @@ class StandIn:
 
         ns["device"], ns["device_of"] = device, device_of
 
+    def _info_names(self, ns: dict[str, Any]) -> None:
+        """The device's description, capabilities and no-op switches."""
+        d = self._delegate
         name = f"CPU ({platform.processor() or platform.machine()}) via torch_adapter"
         ns["get_device_name"] = d("get_device_name", lambda device=None: name)
         ns["get_device_capability"] = d("get_device_capability", lambda device=None: (0, 0))
@@ -185,7 +195,9 @@ class StandIn:
         ns["utilization"] = lambda device=None: 0
         ns["memory_usage"] = lambda device=None: 0
 
-        # streams and events
+    def _stream_names(self, ns: dict[str, Any]) -> None:
+        """Streams and events: the CPU target's one synchronous stream, else the device module's."""
+        cpu = self.mapper.on_cpu
         if cpu:
             Stream, Event = _Stream, _Event
             default = _Stream()
@@ -218,7 +230,10 @@ class StandIn:
                     ns[n] = getattr(self.dev_mod, n)
         ns["Stream"], ns["Event"] = Stream, Event
 
-        # RNG
+    def _rng_names(self, ns: dict[str, Any]) -> None:
+        """The RNG: the target's default generator."""
+        d, cpu = self._delegate, self.mapper.on_cpu
+        gen = torch.default_generator
         ns["manual_seed"] = d("manual_seed", lambda seed: gen.manual_seed(int(seed)) and None)
         ns["manual_seed_all"] = d("manual_seed_all", lambda seed: gen.manual_seed(int(seed)) and None)
         ns["seed"] = d("seed", lambda: gen.seed() and None)
@@ -231,7 +246,9 @@ class StandIn:
                                     lambda new_states: gen.set_state(list(new_states)[0]))
         ns["default_generators"] = (getattr(self.dev_mod, "default_generators", None) if not cpu else None) or (gen,)
 
-        # memory
+    def _memory_names(self, ns: dict[str, Any]) -> None:
+        """Memory statistics, from the host (redirect/host_memory.py) on the CPU target."""
+        d = self._delegate
         hm = host_memory
         for n, impl in {
             "memory_allocated": lambda device=None: hm.allocated(),
@@ -264,7 +281,9 @@ class StandIn:
         ns["set_per_process_memory_fraction"] = d("set_per_process_memory_fraction", set_fraction)
         ns["get_per_process_memory_fraction"] = lambda device=None: self.fraction
 
-        # legacy typed tensors and storages
+    def _legacy_names(self, ns: dict[str, Any]) -> None:
+        """Legacy typed tensors and storages; the unsupported names."""
+        m = self.mapper
         for n in TABLE:
             if n.endswith("Tensor"):
                 ns[n] = _legacy_tensor_class(n, m)
@@ -274,7 +293,6 @@ class StandIn:
         for n, (how, _) in TABLE.items():
             if how == U and not inspect.ismodule(getattr(torch.cuda, n, None)):
                 ns[n] = _unsupported(n, getattr(torch.cuda, n, None))
-        return ns
 
 
 # Unsupported *modules* stay the real module (every name torch.cuda.<module> has is still there:
@@ -294,8 +312,7 @@ def _deferred_factory(module: str, name: str, original: Any) -> Callable[..., An
 
     factory.__name__ = factory.__qualname__ = name
     factory.__signature__ = _signature(original)  # type: ignore[attr-defined]
-    factory.__wrapped__ = original  # type: ignore[attr-defined]
-    return factory
+    return mark_stand_in(factory, original)
 
 
 def _check_error(res: int) -> None:

@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from ..core.patching import STAND_IN
+
 __all__ = ["apply"]
 
 
@@ -72,7 +74,7 @@ def apply(session: Any, mapper: Any) -> None:
             return CDevice(*args, **kwargs)
 
     device = _DeviceMeta("device", (), {"__module__": "torch", "__qualname__": "device", "__doc__": CDevice.__doc__,
-                                        "__torch_adapter_original__": CDevice})
+                                        STAND_IN: CDevice})
 
     def reduce(dev: Any) -> tuple[Any, tuple[Any, ...]]:
         # what torch's own __reduce__ gives, with the class looked up by name as pickle does

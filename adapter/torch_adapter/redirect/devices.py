@@ -28,8 +28,8 @@ import torch
 from torch.overrides import handle_torch_function, has_torch_function
 
 from ..core import torch_private as tp
-
 from ..core import torch_private as _tp
+from ..core.patching import mark_stand_in
 
 __all__ = ["DeviceMapper", "apply"]
 
@@ -141,8 +141,7 @@ def _wrap_device_kwarg(orig: Callable, mapper: DeviceMapper, label: str, *, prot
         return orig(*args, **kwargs)
 
     like = orig.__name__.endswith("_like")  # torch dispatches *_like on its input's type (a subclass)
-    wrapper.__torch_adapter_original__ = orig  # type: ignore[attr-defined]
-    return wrapper
+    return mark_stand_in(wrapper, orig)
 
 
 def _as_caller(orig: Callable, args: tuple, kwargs: dict) -> Any:
@@ -181,12 +180,28 @@ def apply(session: Any) -> DeviceMapper:
     session.device_mapper = mapper
     if mapper.type == "cuda":
         return mapper  # real CUDA: nothing to redirect
-    T = torch.Tensor
     from . import dataflow, device_context, device_ordinal
 
     device_context.apply(session, mapper, _spell)  # before any factory is wrapped
     device_ordinal.apply(session, mapper)
 
+    orig_to = torch.Tensor.to  # torch's own, before the patch below
+    _patch_factories(p, mapper)
+    _patch_tensor_to(p, mapper, orig_to)
+    _patch_tensor_methods(p, mapper, orig_to)
+    _patch_generator(p, mapper)
+    _patch_load(p, mapper)
+    _patch_storages(p, mapper)
+    dataflow.apply(p, mapper)
+    _patch_safetensors(p, mapper)
+    return mapper
+
+
+
+
+def _patch_factories(p: Any, mapper: DeviceMapper) -> None:
+    """Every factory taking ``device=`` (torch.*, torch.<submodule>.*, Tensor.new_*)."""
+    T = torch.Tensor
     for name in FACTORIES:
         fn = getattr(torch, name, None)
         if fn is not None:
@@ -199,7 +214,10 @@ def apply(session: Any) -> DeviceMapper:
     for name in TENSOR_NEW:
         p.set(T, name, _wrap_device_kwarg(getattr(T, name), mapper, f"Tensor.{name}"))
 
-    orig_to = T.to
+
+def _patch_tensor_to(p: Any, mapper: DeviceMapper, orig_to: Any) -> None:
+    """``Tensor.to`` with a CUDA device (or an int ordinal), and ``Module.to``."""
+    T = torch.Tensor
 
     def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         redirected = False
@@ -216,6 +234,10 @@ def apply(session: Any) -> DeviceMapper:
     p.set(T, "to", functools.wraps(orig_to)(to))
     _patch_module_to(p, mapper)
 
+
+def _patch_tensor_methods(p: Any, mapper: DeviceMapper, orig_to: Any) -> None:
+    """``Tensor.cuda``, pinning, legacy ``Tensor.type("torch.cuda.…")`` and ``record_stream``."""
+    T = torch.Tensor
     def cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False,
              memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:
         index = device if type(device) is int else (_index_of(device) if isinstance(device, str)
@@ -270,13 +292,6 @@ def apply(session: Any) -> DeviceMapper:
         return None  # the CPU target's streams are synchronous: nothing to record
 
     p.set(T, "record_stream", record_stream)
-
-    _patch_generator(p, mapper)
-    _patch_load(p, mapper)
-    _patch_storages(p, mapper)
-    dataflow.apply(p, mapper)
-    _patch_safetensors(p, mapper)
-    return mapper
 
 
 def _patch_module_to(p: Any, mapper: DeviceMapper) -> None:
@@ -336,11 +351,10 @@ def _patch_generator(p: Any, mapper: DeviceMapper) -> None:
     class Generator(metaclass=_GeneratorMeta):
         """torch.Generator whose device="cuda" means the target (torch_adapter)."""
 
-        __torch_adapter_original__ = Original
-
         def __new__(cls, device: Any = "cpu") -> Any:  # type: ignore[misc]
             return Original(mapper.map(device, f"torch.Generator(device={_spell(device)})", ints=True))
 
+    mark_stand_in(Generator, Original)
     Generator.__doc__ = Original.__doc__
     Generator.__module__, Generator.__qualname__ = "torch", "Generator"  # pickled by torch's name
 

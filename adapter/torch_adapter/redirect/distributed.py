@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from ..core.patching import bindings
+
 __all__ = ["map_backend", "apply"]
 
 
@@ -45,6 +47,20 @@ def apply(session: Any) -> None:
     target = session.target
     if target.device_type == "cuda" and not session.config.communication_backend:
         return
+
+    chosen = _patch_groups(session, c10d)
+    _patch_device_mesh(session)
+    _patch_ddp(session)
+    _patch_gather_of_grad_tensors(session)
+    _keep_destroyed_gloo_groups(session, chosen)
+
+
+def _patch_groups(session: Any, c10d: Any) -> set[int]:
+    """``init_process_group`` / ``new_group`` / ``barrier``: NCCL becomes the target's backend, CUDA
+    device ids the target's. Returns the ids of the groups the adapter made gloo in NCCL's place."""
+    import torch.distributed as dist
+
+    target = session.target
     p, log, mapper = session.patcher, session.redirect_log, session.device_mapper
 
     def collective() -> str:
@@ -99,32 +115,32 @@ def apply(session: Any) -> None:
             kwargs["device_ids"] = None
         return orig_barrier(*args, **kwargs)
 
-    try:
-        from torch.distributed import device_mesh as dm
-    except ImportError:  # pragma: no cover - old torch
-        dm = None
     # distributed_c10d defines them; torch.distributed, device_mesh, ... bind them by import.
     for name, new, orig in (("init_process_group", init_process_group, orig_init),
                             ("new_group", new_group, orig_new_group), ("barrier", barrier, orig_barrier)):
-        for owner in _bound_copies(orig, name):
+        for owner, _, _ in bindings(orig, within="torch.distributed", name=name):
             p.set(owner, name, new)
+    return chosen
 
-    if dm is not None:
-        orig_mesh = dm.init_device_mesh
 
-        @functools.wraps(orig_mesh)
-        def init_device_mesh(device_type: str, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(device_type, str) and device_type.startswith("cuda"):
-                log.record("distributed", f"init_device_mesh({device_type!r})", repr(target.device_type), depth=3)
-                device_type = target.device_type
-            return orig_mesh(device_type, *args, **kwargs)
+def _patch_device_mesh(session: Any) -> None:
+    """``init_device_mesh("cuda", ...)`` builds the mesh on the target's device type."""
+    target, p, log = session.target, session.patcher, session.redirect_log
+    try:
+        from torch.distributed import device_mesh as dm
+    except ImportError:  # pragma: no cover - old torch
+        return
+    orig_mesh = dm.init_device_mesh
 
-        for owner in _bound_copies(orig_mesh, "init_device_mesh"):
-            p.set(owner, "init_device_mesh", init_device_mesh)
+    @functools.wraps(orig_mesh)
+    def init_device_mesh(device_type: str, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(device_type, str) and device_type.startswith("cuda"):
+            log.record("distributed", f"init_device_mesh({device_type!r})", repr(target.device_type), depth=3)
+            device_type = target.device_type
+        return orig_mesh(device_type, *args, **kwargs)
 
-    _patch_ddp(session)
-    _patch_gather_of_grad_tensors(session)
-    _keep_destroyed_gloo_groups(session, chosen)
+    for owner, _, _ in bindings(orig_mesh, within="torch.distributed", name="init_device_mesh"):
+        p.set(owner, "init_device_mesh", init_device_mesh)
 
 
 def _made_gloo(asked: Any, became: Any) -> bool:
@@ -148,7 +164,7 @@ def _patch_gather_of_grad_tensors(session: Any) -> None:
             input_tensor = input_tensor.detach()
         return orig(output_tensor, input_tensor, group, async_op)
 
-    for owner, name in _bound_under_any_name(orig):  # _functional_collectives: legacy_allgather_single
+    for owner, name, _ in bindings(orig, within="torch.distributed"):  # _functional_collectives: legacy_allgather_single
         session.patcher.set(owner, name, all_gather_single)
 
 
@@ -183,27 +199,8 @@ def _keep_destroyed_gloo_groups(session: Any, chosen: set[int]) -> None:
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(doomed))
             log.record("distributed", "destroy_process_group()", "gloo group shut down, kept until exit", depth=3)
 
-    for owner, name in _bound_under_any_name(orig):
+    for owner, name, _ in bindings(orig, within="torch.distributed"):
         session.patcher.set(owner, name, destroy_process_group)
-
-
-def _bound_copies(orig: Any, name: str) -> list[Any]:
-    """The loaded ``torch.distributed*`` modules that hold ``orig`` under ``name`` (its home and
-    every module that bound it with ``from ... import name``); modules imported later bind the
-    patched one."""
-    import sys
-
-    return [mod for modname, mod in sorted(sys.modules.items())
-            if modname.startswith("torch.distributed") and mod is not None and vars(mod).get(name) is orig]
-
-
-def _bound_under_any_name(orig: Any) -> list[tuple[Any, str]]:
-    """Like :func:`_bound_copies`, also where a module bound ``orig`` under another name."""
-    import sys
-
-    return [(mod, name) for modname, mod in sorted(sys.modules.items())
-            if modname.startswith("torch.distributed") and mod is not None
-            for name, value in list(vars(mod).items()) if value is orig]
 
 
 def _patch_ddp(session: Any) -> None:

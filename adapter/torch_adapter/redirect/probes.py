@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..core.after_import import after_import
+from ..core.patching import bindings, mark_stand_in, original_of
 
 __all__ = ["Probe", "PROBES", "KEEP", "apply", "patched_probes"]
 
@@ -102,7 +103,7 @@ def _stand_in(original: Callable[..., Any], probe: Probe, state: "_State") -> Ca
 
     for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
         setattr(probe_answer, attr, getattr(original, attr, None))
-    probe_answer.__wrapped__ = original  # type: ignore[attr-defined]
+    mark_stand_in(probe_answer, original)
     try:
         probe_answer.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
     except (TypeError, ValueError):
@@ -133,9 +134,8 @@ class _State:
     def rebind_everywhere(self, pairs: list[tuple[Any, Callable[..., Any]]]) -> None:
         """Bindings other modules made before install (``from x import is_..._available``)."""
         by_id = {id(o): (o, s) for o, s in pairs}
-        for module, name, value in _bindings(by_id):
-            if by_id[id(value)][0] is value:
-                self.session.patcher.set(module, name, by_id[id(value)][1])
+        for module, name, value in bindings([o for o, _ in pairs]):
+            self.session.patcher.set(module, name, by_id[id(value)][1])
 
     def close(self) -> None:
         """Bindings made while installed (modules imported after install) get the originals back."""
@@ -143,28 +143,17 @@ class _State:
         for name in self.table:
             if name in sys.modules:
                 _clear_caches(sys.modules[name])
-        by_id = {id(s): s for s in self.stand_ins.values()}
-        for module, name, value in _bindings(by_id):
-            if by_id[id(value)] is value:
-                setattr(module, name, value.__wrapped__)
+        for module, name, value in bindings(list(self.stand_ins.values())):
+            setattr(module, name, original_of(value))
 
 
 def _clear_caches(module: Any) -> None:
     """Forget answers a probe cached (``@lru_cache``) before the adapter changed what torch.cuda says."""
     for value in list(vars(module).values()):
-        for fn in (value, getattr(value, "__wrapped__", None)):
+        for fn in (value, original_of(value), getattr(value, "__wrapped__", None)):
             clear = getattr(fn, "cache_clear", None)
             if callable(clear) and getattr(fn, "__module__", None) == module.__name__:
                 clear()
-
-
-def _bindings(by_id: dict[int, Any]) -> list[tuple[Any, str, Any]]:
-    found = []
-    for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
-        if isinstance(namespace, dict):
-            found += [(module, name, value) for name, value in list(namespace.items()) if id(value) in by_id]
-    return found
 
 
 def _patch_later(state: "_State") -> Callable[[Any], None]:

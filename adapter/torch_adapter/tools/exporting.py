@@ -199,7 +199,6 @@ def export(model: Any, example_inputs: Any, *, target: Any = None, path: str | o
     """
     import torch
 
-    from ..routing.decide import Route
     from ..routing.explain import explain
     from ..routing.internal import internal
 
@@ -219,6 +218,24 @@ def export(model: Any, example_inputs: Any, *, target: Any = None, path: str | o
 
     with internal():  # tracing (fake tensors) runs nothing of the user's: no routing report counts it
         program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
+    program, tried = _lower(program, decide)
+    counts = _ops(program)
+    routes, fallbacks, composite, leftovers = _tally(counts, decide)
+    result = ExportResult(program, label, sorted(tried - {op.name() for op in counts}), fallbacks, composite, routes,
+                          leftovers, notes)
+    if out is not None:
+        _save(result, program, out)
+    return result
+
+
+def _lower(program: Any, decide: Any) -> tuple[Any, set[str]]:
+    """Decompose, round by round, every op the target runs as a composite; the lowered program
+    and the names of the ops decomposed."""
+    import torch
+
+    from ..routing.decide import Route
+    from ..routing.internal import internal
+
     defaults = torch.export.default_decompositions()
     tried: set[str] = set()
     for _ in range(_ROUNDS):
@@ -239,7 +256,13 @@ def export(model: Any, example_inputs: Any, *, target: Any = None, path: str | o
                                     category=FutureWarning)
             with internal():
                 program = program.run_decompositions(table)
-    counts = _ops(program)
+    return program, tried
+
+
+def _tally(counts: dict[Any, int], decide: Any) -> tuple[dict[str, int], list[dict], list[dict], list[dict]]:
+    """The lowered graph's ops by route: counts, fallbacks, composites, and what is left over."""
+    from ..routing.decide import Route
+
     routes = {r.value: 0 for r in Route}
     fallbacks, composite, leftovers = [], [], []
     for op, n in sorted(counts.items(), key=lambda kv: kv[0].name()):
@@ -260,15 +283,18 @@ def export(model: Any, example_inputs: Any, *, target: Any = None, path: str | o
                    if d.route is Route.COMPOSITE else "would run on the CPU")
             leftovers.append({"op": d.op, "nodes": n, "route": d.route.value, "graph_op": op.name(),
                               "reason": f"{why}: {d.reason}"})
-    result = ExportResult(program, label, sorted(tried - {op.name() for op in counts}), fallbacks, composite, routes,
-                          leftovers, notes)
-    if out is not None:  # the one safe writer (_safe_io): atomic, the folder must exist
-        from ..core.safe_io import atomic_writer, write_text
+    return routes, fallbacks, composite, leftovers
 
-        with atomic_writer(out, call="torch_adapter.export(path=...)") as fh:
-            torch.export.save(program, fh)
-        result.path = out
-        result.report_path = out.with_suffix(".routing.json")
-        write_text(result.report_path, json.dumps(result.to_dict(), indent=1) + "\n",
-                   call="torch_adapter.export(path=...): the routing report")
-    return result
+
+def _save(result: ExportResult, program: Any, out: Any) -> None:
+    """The program and its routing report, with the one safe writer (atomic; the folder must exist)."""
+    import torch
+
+    from ..core.safe_io import atomic_writer, write_text
+
+    with atomic_writer(out, call="torch_adapter.export(path=...)") as fh:
+        torch.export.save(program, fh)
+    result.path = out
+    result.report_path = out.with_suffix(".routing.json")
+    write_text(result.report_path, json.dumps(result.to_dict(), indent=1) + "\n",
+               call="torch_adapter.export(path=...): the routing report")

@@ -1,0 +1,59 @@
+"""The one report writer of ``torch-adapter run --report / --report-json``: this process's own
+redirects and routes (when it ran the script) merged with what its adapted child processes
+reported, as JSON (the one safe writer) and on the terminal (stderr)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from . import child_report as _child_report
+
+__all__ = ["write"]
+
+
+def write(records: list[dict[str, Any]], to_terminal: bool, json_path: str | None, *,
+          session: Any = None, log: Any = None) -> None:
+    """``records``: the children's reports; ``session``/``log``: this process's own, when it ran
+    the script (``run SCRIPT``), None when it only launched others (``run torchrun ...``)."""
+    reported = _child_report.reported(records)
+    if json_path:
+        _write_json(records, reported, json_path, session, log)
+    if to_terminal:
+        _render(records, reported, session, log)
+
+
+def _write_json(records: list[dict[str, Any]], reported: list[dict[str, Any]], json_path: str,
+                session: Any, log: Any) -> None:
+    from ..core.safe_io import OutputError, write_text
+
+    if session is None:
+        payload = _child_report.merged_payload(records)
+    else:
+        payload = log.to_dict() if log is not None else {}
+        payload["redirects"] = session.redirect_log.to_json()["entries"]
+        if reported:
+            payload = _child_report.merged_payload(records, payload)
+    try:
+        write_text(json_path, json.dumps(payload, indent=1), call="torch-adapter run --report-json")
+    except OutputError as exc:  # the path changed while the script ran: say so, keep its exit code
+        print(exc, file=sys.stderr)
+
+
+def _render(records: list[dict[str, Any]], reported: list[dict[str, Any]], session: Any, log: Any) -> None:
+    from rich.console import Console
+
+    console = Console(file=sys.stderr, width=None if sys.stderr.isatty() else 140)
+    if session is not None:
+        parent_ran_ops = log is not None and len(log) > 0
+        if not reported or parent_ran_ops or len(session.redirect_log):
+            who = _child_report.this_process()
+            console.print(session.redirect_log.render(
+                f"torch_adapter{f', {who}' if who else ''}: redirected to {session.target.label}"))
+        if log is not None and (parent_ran_ops or not reported):
+            console.print(log)
+        elif reported:
+            console.print(f"torch_adapter: this process ran no ops itself; {len(reported)} adapted child "
+                          f"process(es) did:")
+    _child_report.render(records, console)
