@@ -425,7 +425,10 @@ def _reconfigure(session: AdapterSession, old: Config, cfg: Config) -> None:
     """Apply ``cfg`` to the installed ``session`` whose settings were ``old``."""
     from .tools.session_tools import apply as apply_tools
 
+    from .redirect import low_precision
+
     session.config = cfg
+    low_precision.apply(session)
     if session._enforces(cfg):
         session._attach_routing()
     if session.routing is not None:
@@ -448,7 +451,10 @@ def _rollback(session: AdapterSession, new: Config, old: Config, had_routing: bo
         elif session.routing is not None:
             session.routing.reconfigure(old)
 
-    for step in (routing, lambda: apply_tools(session, new), lambda: session._apply_optimizations(new)):
+    from .redirect import low_precision
+
+    for step in (routing, lambda: low_precision.apply(session), lambda: apply_tools(session, new),
+                 lambda: session._apply_optimizations(new)):
         try:
             step()
         except BaseException as exc:
