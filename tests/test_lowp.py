@@ -1,4 +1,4 @@
-"""float16 at the CPU's speed (redirect/low_precision.py), the CPU's capability as data
+"""float16 at the CPU's speed (routing/low_precision.py), the CPU's capability as data
 (core/cpu_features.py) and ``torch-adapter run --optimize``.
 
 Each CPU kind is forced (``cpu_features.forced`` / ``TORCH_ADAPTER_CPU_FEATURES``), so every

@@ -73,6 +73,7 @@ class AdapterSession:
 
         try:
             apply_all(self)
+            self._apply_low_precision()
             if self._enforces(self.config):
                 self._attach_routing()
             apply_tools(self, None)
@@ -87,6 +88,11 @@ class AdapterSession:
 
     def _enforces(self, cfg: Config) -> bool:
         return bool(self.target.simulated or cfg.fallback != "allow" or cfg.force_cpu or cfg.deny)
+
+    def _apply_low_precision(self) -> None:
+        from .routing import low_precision
+
+        low_precision.apply(self)  # float16 heavy ops in the CPU's fast dtype (routing/low_precision.py)
 
     def _apply_optimizations(self, old: Config | None) -> None:
         from .optimization import layer as optimizing
@@ -124,6 +130,7 @@ class AdapterSession:
         from .redirect import apply_all
 
         apply_all(self)
+        self._apply_low_precision()
         if self.routing is not None:
             self.routing.refresh()
         for _, resume in self.suspenders:
@@ -425,10 +432,8 @@ def _reconfigure(session: AdapterSession, old: Config, cfg: Config) -> None:
     """Apply ``cfg`` to the installed ``session`` whose settings were ``old``."""
     from .tools.session_tools import apply as apply_tools
 
-    from .redirect import low_precision
-
     session.config = cfg
-    low_precision.apply(session)
+    session._apply_low_precision()
     if session._enforces(cfg):
         session._attach_routing()
     if session.routing is not None:
@@ -451,9 +456,7 @@ def _rollback(session: AdapterSession, new: Config, old: Config, had_routing: bo
         elif session.routing is not None:
             session.routing.reconfigure(old)
 
-    from .redirect import low_precision
-
-    for step in (routing, lambda: low_precision.apply(session), lambda: apply_tools(session, new),
+    for step in (routing, session._apply_low_precision, lambda: apply_tools(session, new),
                  lambda: session._apply_optimizations(new)):
         try:
             step()

@@ -17,7 +17,7 @@ __all__ = ["Config", "make_config", "AMP_POLICIES", "FLOAT16_COMPUTE", "OPTIMIZA
            "MIXED_PRECISION", "FUSION_PATTERNS", "COLLECTIVE_BACKENDS", "collective_backends"]
 
 AMP_POLICIES = ("auto", "float16", "bfloat16", "float32")
-# What the float16 matmul/convolution/attention calls compute in on the CPU (redirect/low_precision.py):
+# What the float16 matmul/convolution/attention calls compute in on the CPU (routing/low_precision.py):
 # "auto" the CPU's fast dtype (core/cpu_features.py), "float16" = off (computed as asked).
 FLOAT16_COMPUTE = ("auto", "bfloat16", "float32", "float16")
 OPTIMIZATION_LEVELS = ("conservative", "balanced", "aggressive")

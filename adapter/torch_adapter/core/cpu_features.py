@@ -1,7 +1,7 @@
 """What this CPU computes fast: its low-precision units and vector width, as data (detected once).
 
 One :class:`CpuFeatures` object answers for the whole package: the AMP/low-precision policy
-(:mod:`torch_adapter.redirect.low_precision`), the optimization levels
+(:mod:`torch_adapter.routing.low_precision`), the optimization levels
 (:mod:`torch_adapter.optimization.layer`), ``torch-adapter targets`` and ``describe()``.
 
 Where the flags come from (first that answers):

@@ -10,7 +10,6 @@
 - :mod:`.custom_ops`   custom ops with only a "cuda" kernel run on the target (a session-owned kernel)
 - :mod:`.accelerator`  ``torch.accelerator`` answered as ``torch.cuda`` on the CPU target (torch's own calls: the truth)
 - :mod:`.amp`          autocast / GradScaler / custom_fwd, profiler activities, SDPA backends
-- :mod:`.low_precision` float16 heavy ops computed in the CPU's fast dtype (tensors stay float16)
 - :mod:`.compiling`    ``torch.compile`` CUDA-graph modes → their no-graph equivalents
 - :mod:`.distributed`  "nccl" → the target's collective backend, DDP device ids
 - :mod:`.dtensor_rules` DTensor sharding strategies for host kernels CUDA has its own for (CPU attention)
@@ -33,7 +32,7 @@ __all__ = ["apply_all"]
 
 def apply_all(session: Any) -> None:
     from . import (accelerator, amp, compiling, cuda_bindings, cuda_ns, custom_ops, devices, distributed,
-                   dtensor_rules, env, low_precision, probes, torch_tables, torchscript)
+                   dtensor_rules, env, probes, torch_tables, torchscript)
     from .log import remember
     from ..launch.autoinstall import ENV_VAR, encode
 
@@ -47,7 +46,6 @@ def apply_all(session: Any) -> None:
     custom_ops.apply(session)
     accelerator.apply(session)
     amp.apply(session)
-    low_precision.apply(session)
     compiling.apply(session)
     distributed.apply(session)
     dtensor_rules.apply(session)

@@ -128,7 +128,7 @@ def _fill_from_observer(log: RoutingLog, result: Any, decide: Any, engine_log: R
             for child, n in kids.items():
                 if child in calls and not (parent in copies_of and child in ENGINE_OPS):
                     pieces.setdefault(child, {})[parent] = n  # (a fallback's copies are its bytes)
-    rewritten: dict[str, int] = {}  # calls redirect/low_precision.py logged itself: not native as well
+    rewritten: dict[str, int] = {}  # calls routing/low_precision.py logged itself: not native as well
     for rec in list(log.entries.values()):
         if rec.via == "low_precision":
             rewritten[rec.op] = rewritten.get(rec.op, 0) + rec.calls

@@ -102,7 +102,7 @@ class _Rewrite:
         self.hooked = False  # restored() is on the session's Patcher
 
     def set_policy(self, policy: str) -> None:
-        from ..routing.decide import Route, RouteDecision
+        from .decide import Route, RouteDecision
 
         dtype, why = compute_dtype(policy)
         with self.lock:
@@ -186,9 +186,9 @@ class _Rewrite:
 
     def _note(self, name: str) -> None:
         """The call in the routing logs now open (as the engine's calls are) and, first time, the redirect log."""
-        from ..routing.engine import state
-        from ..routing.internal import active as internal_active
-        from ..routing.trace import active_logs
+        from .engine import state
+        from .internal import active as internal_active
+        from .trace import active_logs
 
         d = self.decisions[name]
         if name not in self.logged:
