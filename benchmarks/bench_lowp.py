@@ -86,7 +86,7 @@ def _sample(config: str, program: str, kind: str, args: argparse.Namespace, fold
 
 
 def measure(program: str, kind: str, args: argparse.Namespace, folder: str) -> dict:
-    names = list(CONFIGS)
+    names = args.configs.split(",")
     samples: dict[str, list[float]] = {n: [] for n in names}
     for r in range(args.rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--programs", default="unet,class_images,validation")
     p.add_argument("--kinds", default="native,avx512_bf16,avx2")
+    p.add_argument("--configs", default="plain,adapted,fp16",
+                   help="plain first; fp16 (the off switch) is emulated float16: minutes per sample on a kind without fp16 units")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=3, help="timed calls per sample (after one warm-up call)")
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every sample (default 1: a shared machine)")
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="2 rounds, the native kind and the unet program only")
     p.add_argument("--figures", action="store_true", help="write docs/figures/lowp.json (else benchmarks/results/)")
     p.add_argument("--name", default="lowp")
+    p.add_argument("--merge", action="store_true", help="add these kinds to an existing NAME.json")
     p.add_argument("-q", "--quiet", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
@@ -142,13 +145,21 @@ def main(argv: list[str] | None = None) -> int:
                 entry["programs"][program] = m = measure(program, kind, args, folder)
                 print(f"{program:13s} {kind:12s} " + "  ".join(
                     f"{n} {m['median_ms'][n]:7.0f} ms ({m['vs_plain'][n]:.2f}x, paired {m['paired_vs_plain'][n]:.2f}x)"
-                    for n in CONFIGS), flush=True)
+                    for n in m["median_ms"]), flush=True)
     result["conditions_end"] = harness.conditions(args.threads)
     result["loaded"] = result["conditions_start"]["loaded"] or result["conditions_end"]["loaded"]
     result["seconds"] = round(time.time() - t0, 1)
     out_dir = harness.RESULTS_DIR if args.figures else ROOT / "benchmarks" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{args.name}.json"
+    if args.merge and path.exists():
+        old = json.loads(path.read_text())
+        old["kinds"].update(result["kinds"])
+        old["tables"].update(result["tables"])
+        old.setdefault("runs", []).append({k: result[k] for k in ("conditions_start", "conditions_end", "loaded",
+                                                                  "seconds")})
+        old["loaded"] = old["loaded"] or result["loaded"]
+        result = old
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}{' (LOADED: load average above 0.5 per core)' if result['loaded'] else ''}")
     return 0

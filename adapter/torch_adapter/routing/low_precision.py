@@ -49,8 +49,11 @@ OPS: dict[str, tuple[int, ...] | None] = {
 _FP32_INPUTS = {"aten::_scaled_dot_product_flash_attention_for_cpu_backward": 5}
 _HALF = torch.float16
 # Below this many multiply-adds a bfloat16 product is slower than a float32 one (oneDNN's set-up
-# dominates; measured here: a 16x64x128 mm 34 us bf16 vs 7 us fp32, 2048x64x64 106 vs 215 us).
+# dominates; measured here, 1 thread: a 16x64x128 mm 34 us bf16 vs 7 us fp32, 2048x64x64 106 vs
+# 215 us; a 3x3 conv 8->16 channels at 8x8 126 vs 17 us, 32->32 at 16x16 133 vs 123 us, 64->64 at
+# 32x32 462 vs 1149 us).
 _SMALL_MACS = 1 << 20
+_SMALL_CONV_MACS = 1 << 22
 
 
 def _mm_macs(args: tuple) -> int:
@@ -108,10 +111,13 @@ class _Rewrite:
         with self.lock:
             self.dtype, self.why = dtype, why
             short = str(dtype).replace("torch.", "")
-            small = f"; products under {_SMALL_MACS:,} multiply-adds in float32" if dtype is torch.bfloat16 else ""
+            def small(name: str) -> str:
+                if dtype is not torch.bfloat16 or name not in _MACS:
+                    return ""
+                return f"; products under {_SMALL_CONV_MACS if 'conv' in name else _SMALL_MACS:,} multiply-adds in float32"
+
             self.decisions = {name: RouteDecision(name, Route.COMPOSITE, f"float16 computed in {short} ({why}"
-                                                  f"{small if name in _MACS else ''})", "low_precision")
-                              for name in OPS}
+                                                  f"{small(name)})", "low_precision") for name in OPS}
             if dtype is not None and not self.libs:
                 self._register()
             elif dtype is None:
@@ -147,12 +153,13 @@ class _Rewrite:
         keep = _FP32_INPUTS.get(name)
 
         size = _MACS.get(name)
+        small = _SMALL_CONV_MACS if name == "aten::convolution" else _SMALL_MACS
 
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
             dtype = self.dtype
             if dtype is None or not _all_half(args, kwargs, keep):
                 return original.call_boxed(keyset, *args, **kwargs)
-            if dtype is torch.bfloat16 and size is not None and size(args) < _SMALL_MACS:
+            if dtype is torch.bfloat16 and size is not None and size(args) < small:
                 dtype = torch.float32  # a tiny product: bf16 kernels' set-up costs more than float32's work
             self._note(name)
             down = self.cast
