@@ -248,3 +248,15 @@ def test_the_detected_features_are_read_once():
     assert cpu_features().source in ("/proc/cpuinfo", "sysctl", "none") or "TORCH_ADAPTER_CPU_FEATURES" in \
         cpu_features().source
     assert sys.platform != "linux" or cpu_features().source != "none"
+
+
+def test_the_default_trace_counts_a_rewritten_call_once():
+    """With the C++ observer (where it builds) the call is counted by the observer and by the
+    kernel: trace() keeps the kernel's composite row and takes it off the observer's native count."""
+    a = torch.randn(256, 256).half()
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu"):
+        with torch_adapter.trace() as log:
+            a @ a
+            a @ a
+    rows = [r for r in log.records() if r.op == "aten::mm"]
+    assert [(r.route, r.calls) for r in rows] == [("composite", 2)], (log.meta, rows)

@@ -99,8 +99,8 @@ class _Rewrite:
         self.decisions: dict[str, Any] = {}
         self.libs: list[Any] = []
         self.logged: set[str] = set()
-        # parameter copies in the compute dtype: (id, version, dtype, view geometry) -> (weakref, copy)
-        self.params: dict[tuple, tuple[Any, torch.Tensor]] = {}
+        # parameter copies in the compute dtype: id -> (weakref, version, {(dtype, view geometry): copy})
+        self.params: dict[int, tuple[Any, int, dict[tuple, torch.Tensor]]] = {}
         self.lock = threading.Lock()
         self.hooked = False  # restored() is on the session's Patcher
 
@@ -180,15 +180,14 @@ class _Rewrite:
         base = a._base if a._base is not None else a
         if not isinstance(base, torch.nn.Parameter):
             return _down(a, dtype)
-        key = (id(base), base._version, dtype, tuple(a.shape), a.stride(), a.storage_offset())
-        hit = self.params.get(key)
-        if hit is not None and hit[0]() is base:
-            return hit[1]
-        out = _down(a, dtype)
-        for old in [k for k in self.params if k[0] == key[0] and k[1:3] != key[1:3]]:  # a stale version
-            self.params.pop(old, None)
-        ref = weakref.ref(base, lambda _r, k=key, d=self.params: d.pop(k, None))
-        self.params[key] = (ref, out)
+        entry = self.params.get(id(base))
+        if entry is None or entry[0]() is not base or entry[1] != base._version:  # new, or changed in place
+            ref = weakref.ref(base, lambda _r, k=id(base), d=self.params: d.pop(k, None))
+            entry = self.params[id(base)] = (ref, base._version, {})
+        key = (dtype, tuple(a.shape), a.stride(), a.storage_offset())
+        out = entry[2].get(key)
+        if out is None:
+            out = entry[2][key] = _down(a, dtype)
         return out
 
     def _note(self, name: str) -> None:
