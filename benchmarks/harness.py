@@ -57,6 +57,7 @@ __all__ = [
     "print_table",
     "write_json",
     "RESULTS_DIR",
+    "conditions",
     "add_arguments",
     "select",
     "run_from_args",
@@ -255,6 +256,7 @@ def run(workload: Any, configs: Sequence[Configuration], *, repeats: int = 5, st
     finally:
         torch.set_num_threads(prev_threads)
     meta["loadavg_end"] = _loadavg()
+    meta["loaded"] = meta.get("loaded") or conditions()["loaded"]
     out = BenchResult(name or workload.name, workload.name, repeats, steps, warmup, settle, order,
                       order_run, [results[n] for n in names], meta)
     _summarize(out)
@@ -282,9 +284,27 @@ def _loadavg() -> list[float] | None:
         return None
 
 
+def conditions(threads: int | None = None) -> dict[str, Any]:
+    """What every figure records about the machine: the CPU's features (flags, kind), the thread
+    count, the load average, and ``loaded`` (load above 0.5 per core: a figure to read with care)."""
+    import torch
+
+    try:
+        from torch_adapter.core.cpu_features import cpu_features
+
+        cpu = cpu_features().as_dict()
+    except ImportError:  # pragma: no cover - a checkout without the adapter on the path
+        cpu = {}
+    load = _loadavg()
+    cores = os.cpu_count() or 1
+    return {"cpu": cpu, "cpu_count": cores, "torch_threads": threads or torch.get_num_threads(), "loadavg": load,
+            "loaded": bool(load and load[0] > 0.5 * cores)}
+
+
 def _meta() -> dict[str, Any]:
     import torch
 
+    cond = conditions()
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "torch": torch.__version__,
@@ -293,6 +313,8 @@ def _meta() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "loadavg_start": _loadavg(),
+        "cpu": cond["cpu"],
+        "loaded": cond["loaded"],
         "argv": sys.argv,
     }
 
@@ -341,8 +363,10 @@ def write_meta_json(name: str, data: dict[str, Any], directory: str | Path | Non
     directory = Path(directory) if directory is not None else RESULTS_DIR
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.json"
+    cond = conditions()
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "load_average": list(os.getloadavg())}
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "load_average": list(os.getloadavg()),
+            "cpu": cond["cpu"], "loaded": cond["loaded"]}
     path.write_text(json.dumps({"name": name, "meta": meta, **data}, indent=2) + "\n")
     print(f"wrote {path}")
     return path

@@ -72,6 +72,7 @@ class AdapterSession:
 
         try:
             self._redirect()
+            self._apply_low_precision()
             if self._enforces(self.config):
                 self._attach_routing()
             apply_tools(self, None)
@@ -86,6 +87,11 @@ class AdapterSession:
 
     def _enforces(self, cfg: Config) -> bool:
         return bool(self.target.simulated or cfg.fallback != "allow" or cfg.force_cpu or cfg.deny)
+
+    def _apply_low_precision(self) -> None:
+        from .routing import low_precision
+
+        low_precision.apply(self)  # float16 heavy ops in the CPU's fast dtype (routing/low_precision.py)
 
     def _apply_optimizations(self, old: Config | None) -> None:
         from .optimization import layer as optimizing
@@ -131,6 +137,7 @@ class AdapterSession:
 
     def _resume(self) -> None:
         self._redirect()
+        self._apply_low_precision()
         if self.routing is not None:
             self.routing.refresh()
         for _, resume in self.suspenders:
@@ -433,6 +440,7 @@ def _reconfigure(session: AdapterSession, old: Config, cfg: Config) -> None:
     from .tools.session_tools import apply as apply_tools
 
     session.config = cfg
+    session._apply_low_precision()
     if session._enforces(cfg):
         session._attach_routing()
     if session.routing is not None:
@@ -455,7 +463,8 @@ def _rollback(session: AdapterSession, new: Config, old: Config, had_routing: bo
         elif session.routing is not None:
             session.routing.reconfigure(old)
 
-    for step in (routing, lambda: apply_tools(session, new), lambda: session._apply_optimizations(new)):
+    for step in (routing, session._apply_low_precision, lambda: apply_tools(session, new),
+                 lambda: session._apply_optimizations(new)):
         try:
             step()
         except BaseException as exc:

@@ -19,6 +19,7 @@ from typing import Any
 
 from .._version import __version__
 from ..core.command import EXIT_USAGE, guarded
+from ..core.config import FLOAT16_COMPUTE, OPTIMIZATION_LEVELS
 
 __all__ = ["main", "build_parser"]
 
@@ -39,6 +40,12 @@ def _add_run(sub: Any) -> None:
                    help="what autocast('cuda', float16) becomes (default auto: the program's own dtype)")
     p.add_argument("--fallback", default="allow", choices=("allow", "warn", "error"),
                    help="policy for ops the target lacks")
+    p.add_argument("--optimize", default="conservative", choices=OPTIMIZATION_LEVELS, metavar="LEVEL",
+                   help="optimization_level for the script's models and optimizers: "
+                        f"{', '.join(OPTIMIZATION_LEVELS)} (default: conservative, as written; docs/cli.md)")
+    p.add_argument("--float16-compute", default="auto", choices=FLOAT16_COMPUTE,
+                   help="what the CPU computes float16 matmuls/convolutions/attention in (default auto: its "
+                        "fast dtype; float16: off)")
     p.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")
     p.add_argument("script", metavar="SCRIPT", help="the script (or module with -m) to run")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments passed to SCRIPT")
@@ -50,7 +57,8 @@ def _run(args: argparse.Namespace) -> int:
 
     return run_script(args.script, args.args, module=args.module, target=args.target, simulate=args.simulate,
                       report=args.report, report_json=args.report_json, amp_dtype=args.amp_dtype,
-                      fallback=args.fallback, exit_guard=True)
+                      fallback=args.fallback, optimization_level=args.optimize,
+                      float16_compute=args.float16_compute, exit_guard=True)
 
 
 def _add_targets(sub: Any) -> None:

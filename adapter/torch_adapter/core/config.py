@@ -14,7 +14,8 @@ from typing import Any
 
 from ..errors import UsageError, format_error
 
-__all__ = ["CHILD_SETTINGS_ENV", "encode_child_settings", "Config", "make_config", "AMP_POLICIES", "OPTIMIZATION_LEVELS", "MEMORY_STRATEGIES", "DEBUG_MODES",
+__all__ = ["CHILD_SETTINGS_ENV", "encode_child_settings", "Config", "make_config", "AMP_POLICIES", "FLOAT16_COMPUTE",
+           "OPTIMIZATION_LEVELS", "MEMORY_STRATEGIES", "DEBUG_MODES",
            "MIXED_PRECISION", "FUSION_PATTERNS", "COLLECTIVE_BACKENDS", "collective_backends"]
 
 # the settings a parent hands its adapted child processes (JSON; read at their start-up by
@@ -26,6 +27,9 @@ def encode_child_settings(settings: dict) -> str:
     return json.dumps(settings, sort_keys=True)
 
 AMP_POLICIES = ("auto", "float16", "bfloat16", "float32")
+# What the float16 matmul/convolution/attention calls compute in on the CPU (routing/low_precision.py):
+# "auto" the CPU's fast dtype (core/cpu_features.py), "float16" = off (computed as asked).
+FLOAT16_COMPUTE = ("auto", "bfloat16", "float32", "float16")
 OPTIMIZATION_LEVELS = ("conservative", "balanced", "aggressive")
 # "low" is the older spelling of gradient checkpointing (kept: prepare() and profiles use it).
 MEMORY_STRATEGIES = ("default", "reuse", "aggressive", "low")
@@ -45,6 +49,9 @@ class Config:
     # AMP: what autocast("cuda", dtype) becomes. "auto" keeps the program's dtype on every
     # target (float16 stays float16, on the CPU too: redirect/amp.py says why).
     amp_dtype: str = "auto"
+    # float16 heavy ops (matmul family, convolution, attention) on the CPU computed in the CPU's
+    # fast dtype, tensors staying float16: auto | bfloat16 | float32 | float16 (off).
+    float16_compute: str = "auto"
     # Fallback policy for ops the target lacks (routing engine): allow | warn | error.
     fallback: str = "allow"
     force_cpu: tuple[str, ...] = ()
@@ -83,13 +90,15 @@ class Config:
 
 
 _NAMES = frozenset(f.name for f in fields(Config)) - {"extra"}
-_CHOICES: dict[str, tuple[Any, ...]] = {"amp_dtype": AMP_POLICIES, "fallback": ("allow", "warn", "error"),
+_CHOICES: dict[str, tuple[Any, ...]] = {"amp_dtype": AMP_POLICIES, "float16_compute": FLOAT16_COMPUTE,
+                                        "fallback": ("allow", "warn", "error"),
                                         "optimization_level": OPTIMIZATION_LEVELS,
                                         "memory_strategy": MEMORY_STRATEGIES, "debug_mode": DEBUG_MODES,
                                         "memory_server": (False, True), "propagate": (False, True),
                                         "log_redirects": (False, True), "gradient_checkpointing": (False, True)}
 _WHY = {"amp_dtype": "it decides what autocast('cuda', float16) becomes on the target",
         "propagate": "it decides whether child processes are adapted too",
+        "float16_compute": "it decides what the CPU computes float16 matmuls, convolutions and attention in",
         "fallback": "it decides what happens when the target lacks an op"}
 
 

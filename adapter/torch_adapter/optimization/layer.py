@@ -66,18 +66,17 @@ _COMPILED: "weakref.WeakKeyDictionary[Any, set[tuple[Any, ...]]]" = weakref.Weak
 
 
 def native_low_precision(device_type: str) -> Any:
-    """The dtype the target computes fast in below fp32, or None (CPU without bf16 units)."""
+    """The dtype the target computes fast in below fp32, or None (a CPU without bf16 or fp16 units:
+    both are emulated there). The CPU's answer is :func:`torch_adapter.core.cpu_features.cpu_features`'s."""
     import torch
 
     if device_type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device_type == "cpu":
-        try:
-            with open("/proc/cpuinfo") as fh:
-                flags = next((line for line in fh if line.startswith("flags")), "").split()
-        except OSError:
-            return None
-        return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & set(flags) else None
+        from ..core.cpu_features import cpu_features
+
+        name = cpu_features().fast_low_precision()
+        return getattr(torch, name) if name else None
     if device_type in ("mps", "xpu", "npu"):
         return torch.float16
     return None

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import TargetError, format_error
 
-__all__ = ["Target", "KNOWN", "AUTO_ORDER", "detect", "resolve", "targets", "describe"]
+__all__ = ["Target", "KNOWN", "AUTO_ORDER", "detect", "resolve", "targets", "describe", "cpu_details"]
 
 # name -> (device type, dispatch key, collective backend)
 KNOWN: dict[str, tuple[str, str, str]] = {
@@ -116,6 +116,17 @@ def _probe_mtia() -> tuple[bool, int, dict[str, Any]]:
         ok = False
     return (ok, int(mtia.device_count()) if ok else 0,
             {} if ok else {"reason": "no MTIA device"})
+
+
+def cpu_details() -> dict[str, Any]:
+    """The CPU's low-precision capability (core/cpu_features.py), flat for a table row; read now, so a
+    forced kind (``TORCH_ADAPTER_CPU_FEATURES``, ``cpu_features.forced``) shows."""
+    from ..core.cpu_features import cpu_features
+
+    f = cpu_features()
+    return {"cpu_kind": f.kind, "vector_bits": f.vector_bits, "bf16_units": ",".join(f.bf16_units) or "none",
+            "fp16_units": ",".join(f.fp16_units) or "none", "amx": ",".join(f.amx) or "none",
+            "float16_compute": f.float16_compute()[0], "features_from": f.source}
 
 
 def _probe_cpu() -> tuple[bool, int, dict[str, Any]]:
@@ -222,9 +233,10 @@ def targets(*, simulated: bool = True) -> list[dict[str, Any]]:
     """
     rows: list[dict[str, Any]] = []
     for t in detect():
+        details = {**t.details, **cpu_details()} if t.name == "cpu" else dict(t.details)
         rows.append({"name": t.name, "present": t.present, "simulated": False,
                      "device": t.device_type, "devices": t.device_count,
-                     "dist_backend": t.dist_backend, "details": dict(t.details)})
+                     "dist_backend": t.dist_backend, "details": details})
     if simulated:
         try:
             from . import profiles
@@ -237,6 +249,7 @@ def targets(*, simulated: bool = True) -> list[dict[str, Any]]:
 def describe(target: str | Target = "auto", *, simulate: bool = False) -> dict[str, Any]:
     """One target's row (see :func:`targets`)."""
     t = resolve(target, simulate=simulate)
+    details = {**t.details, **cpu_details()} if t.device_type == "cpu" else dict(t.details)
     return {"name": t.name, "present": t.present, "simulated": t.simulated, "device": t.device_type,
             "devices": t.device_count, "dist_backend": t.dist_backend,
-            "dispatch_key": t.dispatch_key, "details": dict(t.details)}
+            "dispatch_key": t.dispatch_key, "details": details}

@@ -129,17 +129,27 @@ def _fill_from_observer(log: RoutingLog, result: Any, decide: Any, engine_log: R
             for child, n in kids.items():
                 if child in calls and not (parent in copies_of and child in ENGINE_OPS):
                     pieces.setdefault(child, {})[parent] = n  # (a fallback's copies are its bytes)
+    rewritten: dict[str, int] = {}  # calls routing/low_precision.py logged itself: not native as well
+    for rec in list(log.entries.values()):
+        if rec.via == "low_precision":
+            rewritten[rec.op] = rewritten.get(rec.op, 0) + rec.calls
     for name, total in calls.items():
         if name in executed:
             continue
         d = decide(name)
         ns = int(result.self_time_ns.get(name, 0))
-        under = pieces.get(name, {})
+        under = dict(pieces.get(name, {}))
         top = max(total - sum(under.values()), 0)
+        left = rewritten.get(name, 0)
+        top, left = top - min(top, left), left - min(top, left)
+        for parent in sorted(under):
+            n = min(under[parent], left)
+            under[parent], left = under[parent] - n, left - n
         if top:
             log.add_decision(d, calls=top, self_time_ns=ns * top // total)
         for parent, n in under.items():
-            log.add_decision(d, calls=n, self_time_ns=ns * n // total, parent=parent)
+            if n:
+                log.add_decision(d, calls=n, self_time_ns=ns * n // total, parent=parent)
     for rec in sorted(engine_recs, key=lambda r: r.parent is None):  # known parents first
         _add_engine_record(log, rec, pieces.get(rec.op, {}))
 

@@ -1,0 +1,251 @@
+"""float16 at the speed of the CPU it runs on: the heavy float16 ops computed in the CPU's fast dtype.
+
+A CUDA-written program takes its float16 path under the adapter (``torch.cuda.is_available()``
+is True): float16 weights (``.half()``, ``.to(device, torch.float16)``, diffusers'
+``torch_dtype=torch.float16``), ``autocast("cuda", float16)``. A CPU without fp16 units
+*emulates* float16 matmuls and convolutions — ~40x slower than float32 on an AVX-512 EPYC
+without avx512_fp16 — and even a CPU with avx512_fp16 runs them slower than its AMX bf16 tiles.
+
+Mechanism: session-owned ``torch.library`` kernels on the CPU dispatch key for the float16
+calls of the heavy ops (:data:`OPS`: the matmul family, convolution and the CPU attention
+kernel, forward and backward). A float16 call casts its float16 inputs to the compute dtype
+the policy chose (``bfloat16`` where the CPU has bf16 units, ``float32`` where it has neither,
+``float16``: no kernel at all; :mod:`torch_adapter.core.cpu_features`), runs the CPU's own
+kernel on them and casts the result back to float16. The kernels sit below autograd and
+autocast, so ``tensor.dtype``, autograd's saved tensors, state dicts and saved files stay
+float16; every other call (float32, bfloat16, integers) goes straight to the CPU's kernel.
+
+Policy: ``install(float16_compute=...)`` / ``configure`` / ``torch-adapter run --float16-compute``:
+``"auto"`` (default: the CPU's choice), ``"bfloat16"``, ``"float32"``, ``"float16"`` (off:
+float16 computed as float16, no kernel registered). Only the real CPU target (a simulated
+target keeps the host's plain kernels, so its routing preview is undisturbed).
+
+Visible: each rewritten call is a ``composite`` route in ``trace()``/``run --report`` with
+``via="low_precision"`` and its reason (``float16 computed in bfloat16 (this CPU has ...)``);
+the first rewrite of each op is one redirect-log row. docs/redirect.md "Low precision".
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+from ..core import torch_private as tp
+
+__all__ = ["OPS", "apply", "compute_dtype"]
+
+# op -> the output positions that carry the activation dtype (cast back to float16); None: one output.
+# Inputs that stay float32 whatever the activations' dtype (the attention kernel's logsumexp) are
+# listed in _FP32_INPUTS.
+OPS: dict[str, tuple[int, ...] | None] = {
+    "aten::mm": None, "aten::addmm": None, "aten::bmm": None, "aten::baddbmm": None,
+    "aten::convolution": None, "aten::convolution_backward": (0, 1, 2),
+    "aten::_scaled_dot_product_flash_attention_for_cpu": (0,),
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": (0, 1, 2),
+}
+_FP32_INPUTS = {"aten::_scaled_dot_product_flash_attention_for_cpu_backward": 5}
+_HALF = torch.float16
+# Below this many multiply-adds a bfloat16 product is slower than a float32 one (oneDNN's set-up
+# dominates; measured here, 1 thread: a 16x64x128 mm 34 us bf16 vs 7 us fp32, 2048x64x64 106 vs
+# 215 us; a 3x3 conv 8->16 channels at 8x8 126 vs 17 us, 32->32 at 16x16 133 vs 123 us, 64->64 at
+# 32x32 462 vs 1149 us).
+_SMALL_MACS = 1 << 20
+_SMALL_CONV_MACS = 1 << 22
+
+
+def _mm_macs(args: tuple) -> int:
+    a, b = args[-2], args[-1]  # mm(a, b), addmm(bias, a, b): the two factors (bmm: batch included)
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return _SMALL_MACS
+    return a.numel() * b.shape[-1]
+
+
+def _addmm_macs(args: tuple) -> int:
+    return _mm_macs(args[:3])
+
+
+def _conv_macs(args: tuple) -> int:
+    x, w = args[0], args[1]  # ~ N*H*W positions x Cout*(Cin/groups)*kh*kw weights (stride 1)
+    return x.numel() // max(x.shape[1], 1) * w.numel()
+
+
+_MACS = {"aten::mm": _mm_macs, "aten::bmm": _mm_macs, "aten::addmm": _addmm_macs, "aten::baddbmm": _addmm_macs,
+         "aten::convolution": _conv_macs}
+_NAMES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def compute_dtype(policy: str) -> tuple[torch.dtype | None, str]:
+    """(the dtype float16 heavy ops compute in under ``policy``, why); None: as float16 (no rewrite)."""
+    from ..core.cpu_features import cpu_features
+
+    if policy == "float16":
+        return None, "float16_compute='float16'"
+    if policy in _NAMES:
+        return _NAMES[policy], f"float16_compute={policy!r}"
+    name, why = cpu_features().float16_compute()
+    return _NAMES.get(name), f"{why}; float16_compute='auto'"
+
+
+class _Rewrite:
+    """The session's kernels and the compute dtype they read on every call (configure changes it)."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.dtype: torch.dtype | None = None
+        self.why = ""
+        self.decisions: dict[str, Any] = {}
+        self.libs: list[Any] = []
+        self.logged: set[str] = set()
+        # parameter copies in the compute dtype: id -> (weakref, version, {(dtype, view geometry): copy})
+        self.params: dict[int, tuple[Any, int, dict[tuple, torch.Tensor]]] = {}
+        self.lock = threading.Lock()
+        self.hooked = False  # restored() is on the session's Patcher
+
+    def set_policy(self, policy: str) -> None:
+        from .decide import Route, RouteDecision
+
+        dtype, why = compute_dtype(policy)
+        with self.lock:
+            self.dtype, self.why = dtype, why
+            short = str(dtype).replace("torch.", "")
+            def small(name: str) -> str:
+                if dtype is not torch.bfloat16 or name not in _MACS:
+                    return ""
+                return f"; products under {_SMALL_CONV_MACS if 'conv' in name else _SMALL_MACS:,} multiply-adds in float32"
+
+            self.decisions = {name: RouteDecision(name, Route.COMPOSITE, f"float16 computed in {short} ({why}"
+                                                  f"{small(name)})", "low_precision") for name in OPS}
+            if dtype is not None and not self.libs:
+                self._register()
+            elif dtype is None:
+                self.destroy_locked()
+            self.params.clear()
+
+    def _register(self) -> None:
+        lib = tp.kernel_library("aten")
+        try:
+            for name, outputs in OPS.items():
+                original = tp.host_kernel(name, "CPU")
+                if original is None:  # not in this torch build
+                    continue
+                tp.register_python_kernel(lib, name, self._kernel(name, original, outputs), "CPU")
+        except BaseException:
+            lib._destroy()
+            raise
+        self.libs.append(lib)
+
+    def restored(self) -> None:
+        """The session's patches came off: so do the kernels (apply() puts them back at resume)."""
+        with self.lock:
+            self.hooked = False
+            self.destroy_locked()
+            self.params.clear()
+
+    def destroy_locked(self) -> None:
+        for lib in self.libs:
+            lib._destroy()
+        self.libs.clear()
+
+    def _kernel(self, name: str, original: Any, outputs: tuple[int, ...] | None) -> Any:
+        keep = _FP32_INPUTS.get(name)
+
+        size = _MACS.get(name)
+        small = _SMALL_CONV_MACS if name == "aten::convolution" else _SMALL_MACS
+
+        def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+            dtype = self.dtype
+            if dtype is None or not _all_half(args, kwargs, keep):
+                return original.call_boxed(keyset, *args, **kwargs)
+            if dtype is torch.bfloat16 and size is not None and size(args) < small:
+                dtype = torch.float32  # a tiny product: bf16 kernels' set-up costs more than float32's work
+            self._note(name)
+            down = self.cast
+            args = tuple(down(a, dtype) for a in args)
+            kwargs = {k: down(v, dtype) for k, v in kwargs.items()}
+            out = original.call_boxed(keyset, *args, **kwargs)
+            if outputs is None:
+                return _up(out, dtype)
+            return tuple(_up(o, dtype) if i in outputs else o for i, o in enumerate(out))
+
+        kernel.__name__ = f"torch_adapter_low_precision_{name.partition('::')[2]}"
+        return kernel
+
+    def cast(self, a: Any, dtype: torch.dtype) -> Any:
+        """``a`` in ``dtype`` if it is a float16 tensor; a parameter's copy is kept until it changes."""
+        if not (isinstance(a, torch.Tensor) and a.dtype is _HALF):
+            return a
+        base = a._base if a._base is not None else a
+        if not isinstance(base, torch.nn.Parameter):
+            return _down(a, dtype)
+        entry = self.params.get(id(base))
+        if entry is None or entry[0]() is not base or entry[1] != base._version:  # new, or changed in place
+            ref = weakref.ref(base, lambda _r, k=id(base), d=self.params: d.pop(k, None))
+            entry = self.params[id(base)] = (ref, base._version, {})
+        key = (dtype, tuple(a.shape), a.stride(), a.storage_offset())
+        out = entry[2].get(key)
+        if out is None:
+            out = entry[2][key] = _down(a, dtype)
+        return out
+
+    def _note(self, name: str) -> None:
+        """The call in the routing logs now open (as the engine's calls are) and, first time, the redirect log."""
+        from .engine import state
+        from .internal import active as internal_active
+        from .trace import active_logs
+
+        d = self.decisions[name]
+        if name not in self.logged:
+            self.logged.add(name)
+            self.session.redirect_log.record("low_precision", f"{name}(float16)", d.reason, depth=1)
+        if internal_active():
+            return
+        if state.recorded == name:  # a trace() recorder counts this call: it records our decision
+            state.decided = d
+            return
+        for log in active_logs():  # the observer counts it as native; trace() moves it over
+            log.add_decision(d, calls=1, parent=state.parent, find_site=True)
+
+
+def _all_half(args: tuple, kwargs: dict, keep: int | None) -> bool:
+    """Every floating tensor argument float16 (one at least); else the CPU's kernel answers as it would."""
+    seen = False
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.is_floating_point() and i != keep:
+            if a.dtype is not _HALF:
+                return False
+            seen = True
+    if not seen:
+        return False
+    return all(not (isinstance(v, torch.Tensor) and v.is_floating_point()) or v.dtype is _HALF
+               for v in kwargs.values())
+
+
+def _down(a: Any, dtype: torch.dtype) -> Any:
+    if not (isinstance(a, torch.Tensor) and a.dtype is _HALF):
+        return a
+    # float16 -> bfloat16 goes through float32: two vectorised casts are 3x faster than torch's direct one
+    return a.float() if dtype is torch.float32 else a.float().to(dtype)
+
+
+def _up(a: Any, dtype: torch.dtype) -> Any:
+    if not (isinstance(a, torch.Tensor) and a.dtype is dtype):
+        return a
+    return a.half() if dtype is torch.float32 else a.float().half()
+
+
+def apply(session: Any) -> None:
+    """Bring the kernels in line with ``session.config.float16_compute`` (install, resume, configure).
+    They come off when the session's patches do (suspend, uninstall) and on again at resume."""
+    target = session.target
+    if target.device_type != "cpu" or target.simulated:
+        return
+    rewrite = getattr(session, "low_precision", None)
+    if rewrite is None:
+        rewrite = session.low_precision = _Rewrite(session)
+    if not rewrite.hooked:
+        rewrite.hooked = True
+        session.patcher.after_restore(rewrite.restored)
+    rewrite.set_policy(session.config.float16_compute)

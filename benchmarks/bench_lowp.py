@@ -1,0 +1,169 @@
+"""Low precision on the CPU: device-aware float16 programs, adapted, against plain CPU torch.
+
+The programs (``benchmarks/lowp_programs.py``) choose float16 when ``torch.cuda.is_available()``
+(the adapter's answer) and float32 otherwise (plain CPU torch): a small SD UNet forward with
+``torch.autocast(device)`` (the issue's program), DreamBooth class-image generation
+(``torch_dtype`` by device, a tiny StableDiffusionPipeline, 4 steps) and LoRA/ControlNet
+validation (the same under ``torch.autocast(device)``). Configurations:
+
+- ``plain``    ``python PROGRAM`` (float32 path);
+- ``adapted``  ``python -m torch_adapter run PROGRAM`` (float16 path, ``float16_compute="auto"``);
+- ``fp16``     the same with ``--float16-compute float16`` (the off switch: float16 as the CPU computes it).
+
+Every sample is a fresh interpreter; rounds are interleaved (A B C C B A ...); a sample's value
+is the median of its timed calls after one warm-up call. CPU kinds: ``native`` (this CPU) and
+kinds emulated on it by capping the ISA torch's kernels may use (``ATEN_CPU_CAPABILITY``,
+``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``) with ``TORCH_ADAPTER_CPU_FEATURES`` telling
+the adapter the same — ``avx512_bf16`` (no fp16 units, no AMX: the issue's EPYC) and ``avx2``;
+an emulated kind is an approximation of that CPU, and says so in the JSON.
+``--table`` measures the per-dtype speed table (fp32/bf16/fp16 matmul, convolution, attention)
+under each kind. JSON goes to ``benchmarks/results/lowp.json``; ``--figures`` writes
+``docs/figures/lowp.json`` instead (the figures the docs quote).
+
+    python benchmarks/bench_lowp.py --quick
+    python benchmarks/bench_lowp.py --kinds native,avx512_bf16,avx2 --rounds 5 --table --figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import harness  # noqa: E402
+
+PROGRAMS = ROOT / "benchmarks" / "lowp_programs.py"
+# kind -> (environment that caps the ISA, flags the host must have for the emulation to mean anything)
+KINDS = {
+    "native": ({}, ()),
+    "avx512_bf16": ({"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
+                     "TORCH_ADAPTER_CPU_FEATURES": "avx512_bf16"}, ("avx512_bf16",)),
+    "avx2": ({"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+              "TORCH_ADAPTER_CPU_FEATURES": "avx2"}, ("avx2",)),
+}
+CONFIGS = {"plain": [], "adapted": ["-m", "torch_adapter", "run"],
+           "fp16": ["-m", "torch_adapter", "run", "--float16-compute", "float16"]}
+_TABLE = r"""
+import json, time, torch, torch.nn.functional as F
+def t(f, n=15):
+    f(); f(); ts = []
+    for _ in range(n):
+        a = time.perf_counter(); f(); ts.append(time.perf_counter() - a)
+    return sorted(ts)[n // 2] * 1e3
+out = {}
+for dt in (torch.float32, torch.bfloat16, torch.float16):
+    a = torch.randn(256, 256, dtype=dt); x = torch.randn(1, 64, 32, 32, dtype=dt); w = torch.randn(64, 64, 3, 3, dtype=dt)
+    q = torch.randn(2, 8, 256, 64, dtype=dt)
+    out[str(dt)[6:]] = {"mm_256": t(lambda: a @ a), "conv3x3_64ch_32px": t(lambda: F.conv2d(x, w, padding=1)),
+                        "sdpa_2x8x256x64": t(lambda: F.scaled_dot_product_attention(q, q, q))}
+print(json.dumps(out))
+"""
+
+
+def _env(kind: str, threads: int) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    env.pop("TORCH_ADAPTER_CPU_FEATURES", None)
+    env.update(KINDS[kind][0])
+    return env
+
+
+def _sample(config: str, program: str, kind: str, args: argparse.Namespace, folder: str) -> float:
+    cmd = [sys.executable, *CONFIGS[config], str(PROGRAMS), program, "--steps", str(args.steps), "--folder", folder]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(kind, args.threads), timeout=900)
+    line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return statistics.median(json.loads(line)["ms"])
+
+
+def measure(program: str, kind: str, args: argparse.Namespace, folder: str) -> dict:
+    names = args.configs.split(",")
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(args.rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            samples[name].append(_sample(name, program, kind, args, folder))
+        if not args.quiet:
+            print(f"  {program}/{kind} round {r + 1}: " + ", ".join(f"{n} {samples[n][-1]:.0f} ms" for n in names),
+                  flush=True)
+    plain = samples["plain"]
+    out = {"ms": samples, "median_ms": {n: statistics.median(v) for n, v in samples.items()}}
+    out["vs_plain"] = {n: statistics.median(plain) / statistics.median(v) for n, v in samples.items()}
+    out["paired_vs_plain"] = {n: statistics.median(p / c for p, c in zip(plain, v)) for n, v in samples.items()}
+    return out
+
+
+def speed_table(kind: str, threads: int) -> dict:
+    done = subprocess.run([sys.executable, "-c", _TABLE], capture_output=True, text=True, env=_env(kind, threads),
+                          timeout=600, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--programs", default="unet,class_images,validation")
+    p.add_argument("--kinds", default="native,avx512_bf16,avx2")
+    p.add_argument("--configs", default="plain,adapted,fp16",
+                   help="plain first; fp16 (the off switch) is emulated float16: minutes per sample on a kind without fp16 units")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=3, help="timed calls per sample (after one warm-up call)")
+    p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every sample (default 1: a shared machine)")
+    p.add_argument("--table", action="store_true", help="also measure the per-dtype speed table per kind")
+    p.add_argument("--quick", action="store_true", help="2 rounds, the native kind and the unet program only")
+    p.add_argument("--figures", action="store_true", help="write docs/figures/lowp.json (else benchmarks/results/)")
+    p.add_argument("--name", default="lowp")
+    p.add_argument("--merge", action="store_true", help="add these kinds to an existing NAME.json")
+    p.add_argument("-q", "--quiet", action="store_true")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rounds, args.kinds, args.programs = 2, "native", "unet"
+    from torch_adapter.core.cpu_features import cpu_features
+
+    host = cpu_features()
+    kinds = [k for k in args.kinds.split(",") if all(f in host.flags for f in KINDS[k][1])]
+    result = {"name": args.name, "conditions_start": harness.conditions(args.threads), "kinds": {}, "tables": {}}
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as folder:
+        if set(args.programs.split(",")) - {"unet"}:
+            subprocess.run([sys.executable, str(PROGRAMS), "build", "--folder", folder], check=True,
+                           capture_output=True, env=_env("native", args.threads))
+        for kind in kinds:
+            env = KINDS[kind][0]
+            entry = result["kinds"][kind] = {"emulated_by": env or None, "programs": {}}
+            if args.table:
+                result["tables"][kind] = speed_table(kind, args.threads)
+                print(f"{kind} per-dtype ms: {json.dumps(result['tables'][kind])}")
+            for program in args.programs.split(","):
+                entry["programs"][program] = m = measure(program, kind, args, folder)
+                print(f"{program:13s} {kind:12s} " + "  ".join(
+                    f"{n} {m['median_ms'][n]:7.0f} ms ({m['vs_plain'][n]:.2f}x, paired {m['paired_vs_plain'][n]:.2f}x)"
+                    for n in m["median_ms"]), flush=True)
+    result["conditions_end"] = harness.conditions(args.threads)
+    result["loaded"] = result["conditions_start"]["loaded"] or result["conditions_end"]["loaded"]
+    result["seconds"] = round(time.time() - t0, 1)
+    out_dir = harness.RESULTS_DIR if args.figures else ROOT / "benchmarks" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{args.name}.json"
+    if args.merge and path.exists():
+        old = json.loads(path.read_text())
+        old["kinds"].update(result["kinds"])
+        old["tables"].update(result["tables"])
+        old.setdefault("runs", []).append({k: result[k] for k in ("conditions_start", "conditions_end", "loaded",
+                                                                  "seconds")})
+        old["loaded"] = old["loaded"] or result["loaded"]
+        result = old
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {path}{' (LOADED: load average above 0.5 per core)' if result['loaded'] else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""CUDA-written, device-aware inference programs for ``bench_lowp.py`` (run unchanged, plain or adapted).
+
+Each chooses its dtype the way diffusers' pipelines and example scripts do
+(``torch.float16 if device == "cuda" else torch.float32``): plain CPU torch takes the float32
+path, the adapter the float16 one. Random weights from configs, no downloads.
+
+    python benchmarks/lowp_programs.py unet [--steps N]
+    python -m torch_adapter run benchmarks/lowp_programs.py class_images --folder DIR
+    python benchmarks/lowp_programs.py build --folder DIR   # the tiny pipeline, saved once
+
+Prints one JSON line: ``{"program", "ms": [per timed call], "dtype", "out_dtype"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPE = torch.float16 if DEVICE == "cuda" else torch.float32
+
+
+def _unet_config(channels: tuple[int, ...] = (64, 128), sample: int = 32, cross: int = 64) -> dict:
+    return dict(sample_size=sample, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=channels,
+                down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=cross,
+                attention_head_dim=8, norm_num_groups=32)
+
+
+def unet(steps: int) -> list[float]:
+    """The issue's program: a small SD UNet forward, weights ``.to(device, dtype)``, ``torch.autocast(device)``."""
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(0)
+    model = UNet2DConditionModel(**_unet_config()).eval().to(DEVICE, DTYPE)
+    x = torch.randn(2, 4, 32, 32, device=DEVICE, dtype=DTYPE)
+    t = torch.tensor([10, 10], device=DEVICE)
+    text = torch.randn(2, 8, 64, device=DEVICE, dtype=DTYPE)
+
+    def call() -> None:
+        with torch.no_grad(), torch.autocast(DEVICE, enabled=DEVICE == "cuda"):
+            model(x, t, encoder_hidden_states=text)
+
+    return _timed(call, steps)
+
+
+def build(folder: str) -> None:
+    """A tiny SD1.5-layout pipeline (random weights) saved in float32 to ``folder``."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
+
+    from benchmarks.realworld import fixtures
+
+    small = Path(folder) / "_small"
+    fixtures.tiny_sd(small)  # tokenizer, text encoder, scheduler from the acceptance fixtures
+    pipe = StableDiffusionPipeline.from_pretrained(small, safety_checker=None)
+    torch.manual_seed(0)
+    pipe.unet = UNet2DConditionModel(**_unet_config((64, 128), 16, 32))
+    pipe.vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(32, 64),
+                             down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                             norm_num_groups=32, sample_size=32)
+    pipe.save_pretrained(folder)
+
+
+def pipeline(folder: str, steps: int, autocast: bool) -> list[float]:
+    """DreamBooth class images (``torch_dtype`` by device) or LoRA/ControlNet validation (the same
+    under ``torch.autocast(device)``): a few denoising steps per image, 32x32."""
+    from diffusers import StableDiffusionPipeline
+    from diffusers.utils import logging
+
+    logging.set_verbosity_error()
+    pipe = StableDiffusionPipeline.from_pretrained(folder, torch_dtype=DTYPE, safety_checker=None).to(DEVICE)
+    pipe.set_progress_bar_config(disable=True)
+    generator = torch.Generator(DEVICE).manual_seed(0)
+
+    def call() -> None:
+        with torch.autocast(DEVICE, enabled=autocast and DEVICE == "cuda"):
+            pipe("red circle", num_inference_steps=4, height=32, width=32, generator=generator, output_type="np")
+
+    return _timed(call, steps)
+
+
+def _timed(call, steps: int) -> list[float]:
+    call()  # warm-up (first-call allocations, kernel choices)
+    out = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        call()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("program", choices=("unet", "class_images", "validation", "build"))
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--folder")
+    args = parser.parse_args()
+    if args.program == "build":
+        build(args.folder)
+        return
+    if args.program == "unet":
+        ms = unet(args.steps)
+    else:
+        ms = pipeline(args.folder, args.steps, autocast=args.program == "validation")
+    print(json.dumps({"program": args.program, "ms": ms, "dtype": str(DTYPE)}))
+
+
+if __name__ == "__main__":
+    main()

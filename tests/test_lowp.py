@@ -1,0 +1,262 @@
+"""float16 at the CPU's speed (routing/low_precision.py), the CPU's capability as data
+(core/cpu_features.py) and ``torch-adapter run --optimize``.
+
+Each CPU kind is forced (``cpu_features.forced`` / ``TORCH_ADAPTER_CPU_FEATURES``), so every
+policy runs on whatever machine CI lands on: the decision is asserted, and the numerics, which
+are real whatever the kind (bfloat16 and float32 kernels run everywhere; only their speed differs).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_adapter
+from conftest import run_cli
+from torch_adapter.core import torch_private as tp
+from torch_adapter.core.cpu_features import cpu_features, forced
+
+# CUDA AMP's tolerance for a float16 model against its float32 reference; bfloat16 (8 significant
+# bits) rounds each product input to ~4e-3: a few roundings per output.
+AMP_TOL = dict(rtol=3e-2, atol=3e-2)
+KIND_DECISION = {"avx2": torch.float32, "avx512_bf16": torch.bfloat16, "avx512_fp16": torch.bfloat16,
+                 "amx_fp16": None}
+
+
+class _Block(torch.nn.Module):
+    """Conv -> attention -> Linear: each heavy op family once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x)  # (N, 16, H, W)
+        seq = h.flatten(2).transpose(1, 2).contiguous()  # (N, HW, 16); rows contiguous: the flash kernel
+        q = seq.unflatten(-1, (2, 8)).transpose(1, 2)  # 2 heads of 8
+        a = F.scaled_dot_product_attention(q, q, q).transpose(1, 2).flatten(2)
+        return self.proj(a)
+
+
+def _model_and_input() -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return _Block(), torch.randn(2, 8, 6, 6)
+
+
+def _reference() -> torch.Tensor:
+    """The float16-rounded weights and input, computed in float32."""
+    model, x = _model_and_input()
+    with torch.no_grad():
+        return model.half().float()(x.half().float())
+
+
+def _cuda_program(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    model = model.cuda().half()
+    with torch.no_grad():
+        return model(x.cuda().half())
+
+
+def _has_our_kernel(op: str = "aten::mm") -> bool:
+    return tp.python_kernel(op, "CPU") is not None
+
+
+@pytest.mark.parametrize("kind", list(KIND_DECISION))
+def test_each_cpu_kind_gets_its_decision_and_amp_numerics(kind):
+    with forced(kind):
+        with torch_adapter.adapted("cpu") as session:
+            rewrite = session.low_precision
+            assert rewrite.dtype == KIND_DECISION[kind]
+            assert _has_our_kernel() == (KIND_DECISION[kind] is not None)
+            y = _cuda_program(*_model_and_input())
+    assert y.dtype == torch.float16  # the program's dtype, whatever the CPU computed in
+    torch.testing.assert_close(y.float(), _reference(), **AMP_TOL)
+    assert not _has_our_kernel()  # uninstalled: plain torch
+
+
+def test_the_kind_comes_from_the_environment_and_shows_in_targets():
+    done = run_cli("targets", "--json", env={"TORCH_ADAPTER_CPU_FEATURES": "avx2"})
+    assert done.returncode == 0, done.stderr
+    cpu = next(r for r in json.loads(done.stdout) if r["name"] == "cpu")["details"]
+    assert cpu["cpu_kind"] == "avx2" and cpu["float16_compute"] == "float32" and cpu["bf16_units"] == "none"
+    assert cpu["features_from"] == "TORCH_ADAPTER_CPU_FEATURES=avx2"
+    with forced("avx512_bf16"):
+        details = torch_adapter.describe("cpu")["details"]
+    assert details["cpu_kind"] == "avx512_bf16" and details["float16_compute"] == "bfloat16"
+
+
+def test_the_optimization_levels_read_the_same_capability():
+    from torch_adapter.optimization.layer import native_low_precision
+
+    with forced("avx2"):
+        assert native_low_precision("cpu") is None
+        with torch_adapter.adapted("cpu", optimization_level="balanced") as s:
+            assert s.optimizer_layer.plan["autocast"] is None  # bf16 is emulated there: no autocast
+    with forced("avx512_bf16"):
+        assert native_low_precision("cpu") is torch.bfloat16
+        with torch_adapter.adapted("cpu", optimization_level="balanced") as s:
+            assert s.optimizer_layer.plan["autocast"] == "bfloat16"
+
+
+def test_rewritten_calls_show_in_the_routing_report_with_their_reason():
+    model, x = _model_and_input()
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu") as session:
+        model, x = model.cuda().half(), x.cuda().half()
+        with torch_adapter.trace(use_observer=False) as log, torch.no_grad():
+            model(x)
+        f32 = torch.randn(4, 4)
+        with torch_adapter.trace(use_observer=False) as log32:
+            f32 @ f32
+        redirects = [e for e in session.redirect_log.entries() if e.kind == "low_precision"]
+    rows = {r.op: r for r in log.records() if r.via == "low_precision"}
+    assert {"aten::convolution", "aten::_scaled_dot_product_flash_attention_for_cpu"} <= set(rows)
+    assert rows.keys() & {"aten::addmm", "aten::mm", "aten::bmm"}
+    for rec in rows.values():
+        assert rec.route == "composite" and rec.calls >= 1
+        assert rec.reason.startswith("float16 computed in "), rec.reason
+        assert rec.reason.startswith("float16 computed in bfloat16 (this CPU has bf16 units (avx512_bf16) and no "
+                                     "fp16 units"), rec.reason
+    assert not any(r.via == "low_precision" for r in log32.records())  # float32 calls are not rewritten
+    assert redirects and all("float16 computed in" in e.became for e in redirects)
+
+
+def test_a_large_product_is_computed_in_bfloat16_a_tiny_one_in_float32():
+    a, b = torch.randn(256, 256).half(), torch.randn(256, 256).half()
+    small = torch.randn(2, 8).half()
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu"):
+        with torch_adapter.trace(use_observer=False) as log:
+            big = a @ b
+            tiny = small @ small.t()
+    (mm,) = [r for r in log.records() if r.via == "low_precision"]
+    assert mm.calls == 2 and mm.reason.startswith("float16 computed in bfloat16")
+    assert mm.reason.endswith("; products under 1,048,576 multiply-adds in float32)"), mm.reason
+    assert big.dtype == tiny.dtype == torch.float16
+    torch.testing.assert_close(big.float(), a.float() @ b.float(), rtol=2e-2, atol=0.5)  # |entries| ~ 16
+    torch.testing.assert_close(tiny.float(), small.float() @ small.float().t(), rtol=1e-3, atol=1e-3)
+
+
+def test_the_off_switch_leaves_float16_as_the_cpu_computes_it():
+    model, x = _model_and_input()
+    with torch.no_grad():
+        plain = model.half()(x.half())
+    model, x = _model_and_input()
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu", float16_compute="float16") as session:
+        assert session.low_precision.dtype is None and not _has_our_kernel()
+        y = _cuda_program(model, x)
+        torch_adapter.configure(float16_compute="auto")  # and on again, at once
+        assert session.low_precision.dtype is torch.bfloat16 and _has_our_kernel()
+        torch_adapter.configure(float16_compute="float16")
+        assert not _has_our_kernel()
+    torch.testing.assert_close(y, plain, rtol=0, atol=0)
+
+
+def test_float32_bfloat16_and_integer_calls_go_to_the_cpu_kernel_unchanged():
+    torch.manual_seed(1)
+    a32, w = torch.randn(16, 32), torch.randn(8, 4, 3, 3)
+    a16, x = a32.bfloat16(), torch.randn(1, 4, 5, 5)
+    before = (a32 @ a32.t(), a16 @ a16.t(), F.conv2d(x, w))
+    with forced("avx2"), torch_adapter.adapted("cpu"):
+        assert _has_our_kernel()
+        during = (a32 @ a32.t(), a16 @ a16.t(), F.conv2d(x, w))
+    for b, d in zip(before, during):
+        assert b.dtype == d.dtype
+        torch.testing.assert_close(b, d, rtol=0, atol=0)
+
+
+def test_training_in_float16_gives_float16_grads_close_to_float32():
+    model, x = _model_and_input()
+    ref_model, _ = _model_and_input()
+    ref_model = ref_model.half().float()
+    ref_model(x.half().float()).square().mean().backward()
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu"):
+        model = model.cuda().half()
+        xin = x.cuda().half().requires_grad_()
+        with torch_adapter.trace(use_observer=False) as log:
+            model(xin).float().square().mean().backward()
+    backward = {r.op for r in log.records() if r.via == "low_precision"}
+    assert {"aten::convolution_backward", "aten::_scaled_dot_product_flash_attention_for_cpu_backward"} <= backward
+    for p, ref in zip(model.parameters(), ref_model.parameters()):
+        assert p.dtype == p.grad.dtype == torch.float16
+        torch.testing.assert_close(p.grad.float(), ref.grad, rtol=5e-2, atol=2e-3)
+
+
+def test_a_parameter_is_cast_once_until_it_changes():
+    lin = torch.nn.Linear(64, 64).half()
+    x = torch.randn(64, 64).half()
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu") as session, torch.no_grad():
+        rewrite = session.low_precision
+        lin(x)
+        cached = len(rewrite.params)
+        first = lin(x)
+        assert len(rewrite.params) == cached > 0
+        lin.weight.mul_(2)  # an in-place change (an optimizer step): a new copy, the old one dropped
+        second = lin(x)
+        assert len(rewrite.params) == cached
+    torch.testing.assert_close(second.float() - lin.bias.float(), 2 * (first.float() - lin.bias.float()),
+                               rtol=2e-2, atol=5e-2)
+    assert not rewrite.params  # uninstalled: the copies are gone
+
+
+def test_saved_weights_stay_float16(tmp_path):
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu"):
+        model = _Block().cuda().half()
+        torch.save(model.state_dict(), tmp_path / "w.pt")
+    assert {v.dtype for v in torch.load(tmp_path / "w.pt").values()} == {torch.float16}
+
+
+def test_a_bad_policy_is_a_usage_error():
+    from torch_adapter.errors import UsageError
+
+    with pytest.raises(UsageError, match="float16_compute"):
+        torch_adapter.install("cpu", float16_compute="fp8")
+
+
+def test_run_optimize_end_to_end_reaches_the_script_and_its_children(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import subprocess, sys, torch, torch_adapter\n"
+        "s = torch_adapter.current()\n"
+        "print('parent', s.config.optimization_level, s.config.float16_compute)\n"
+        "child = 'import torch_adapter; c = torch_adapter.current().config; print(\"child\", c.optimization_level)'\n"
+        "print(subprocess.run([sys.executable, '-c', child], capture_output=True, text=True).stdout.strip())\n"
+        "m = torch.nn.Linear(4, 4).cuda(); m(torch.randn(2, 4, device='cuda'))\n"
+        "from torch_adapter.optimization.layer import applied\n"
+        "print('applied', sorted({a['what'] for a in applied()}))\n")
+    done = run_cli("run", "--optimize", "balanced", "--float16-compute", "float32", str(script),
+                   env={"TORCH_ADAPTER_CPU_FEATURES": "avx512_bf16"})
+    assert done.returncode == 0, done.stderr
+    assert "parent balanced float32" in done.stdout and "child balanced" in done.stdout, done.stdout
+    assert "applied ['autocast']" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("flag, value", [("--optimize", "fast"), ("--float16-compute", "fp8")])
+def test_run_with_an_unknown_value_exits_2_listing_the_allowed_ones(tmp_path, flag, value):
+    script = tmp_path / "s.py"
+    script.write_text("print('ran')\n")
+    done = run_cli("run", flag, value, str(script))
+    assert done.returncode == 2 and "ran" not in done.stdout
+    allowed = "'conservative', 'balanced', 'aggressive'" if flag == "--optimize" else "'auto', 'bfloat16'"
+    assert f"invalid choice: '{value}'" in done.stderr and allowed in done.stderr, done.stderr
+
+
+def test_the_detected_features_are_read_once():
+    assert cpu_features() is cpu_features()
+    assert cpu_features().source in ("/proc/cpuinfo", "sysctl", "none") or "TORCH_ADAPTER_CPU_FEATURES" in \
+        cpu_features().source
+    assert sys.platform != "linux" or cpu_features().source != "none"
+
+
+def test_the_default_trace_counts_a_rewritten_call_once():
+    """With the C++ observer (where it builds) the call is counted by the observer and by the
+    kernel: trace() keeps the kernel's composite row and takes it off the observer's native count."""
+    a = torch.randn(256, 256).half()
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu"):
+        with torch_adapter.trace() as log:
+            a @ a
+            a @ a
+    rows = [r for r in log.records() if r.op == "aten::mm"]
+    assert [(r.route, r.calls) for r in rows] == [("composite", 2)], (log.meta, rows)
