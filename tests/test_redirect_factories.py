@@ -52,3 +52,57 @@ def test_warnings_inside_redirected_calls_name_the_callers_line():
     # without the fix these name redirect/devices.py: the same calls on plain torch name this file
     # too, so the adapted run must not differ
     assert all(f == here for f, _ in _warned_at(lambda: torch.tensor(torch.ones(2))))
+
+
+def test_reattribution_is_per_thread_and_leaves_the_warnings_state_as_it_was():
+    """The re-attribution swaps no process-wide state: another thread's warnings, raised while
+    redirected calls warn on this one, keep their own line and all arrive; the filters and the
+    show function are torch's/Python's again after the session."""
+    import threading
+
+    filters, show = list(warnings.filters), warnings._showwarnmsg
+    other_line: list[int] = []
+    stop = threading.Event()
+
+    def other() -> None:
+        import inspect
+
+        while not stop.is_set():
+            other_line[:] = [inspect.currentframe().f_lineno + 1]
+            warnings.warn("from the other thread", UserWarning)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch_adapter.adapted("cpu"):
+            worker = threading.Thread(target=other)
+            worker.start()
+            try:
+                for _ in range(200):
+                    torch.tensor(torch.ones(2), device="cuda")  # warns (copy construct)
+            finally:
+                stop.set()
+                worker.join()
+    mine = [w for w in caught if "copy construct" in str(w.message)]
+    theirs = [w for w in caught if "other thread" in str(w.message)]
+    assert len(mine) == 200 and all(w.filename == __file__ for w in mine)
+    assert theirs and all(w.filename == __file__ and w.lineno == other_line[0] for w in theirs)
+    assert warnings.filters == filters and warnings._showwarnmsg is show
+
+
+def test_the_probe_silences_its_own_thread_only():
+    import threading
+
+    from torch_adapter.core.caller_warnings import silenced
+
+    seen: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch_adapter.adapted("cpu"):
+            with silenced():
+                warnings.warn("silenced here", UserWarning)
+                worker = threading.Thread(target=lambda: warnings.warn("another thread's", UserWarning))
+                worker.start()
+                worker.join()
+            warnings.warn("after the block", UserWarning)
+        seen = [str(w.message) for w in caught]
+    assert seen == ["another thread's", "after the block"]

@@ -62,7 +62,7 @@ class Config:
     log_redirects: bool = True
     # The collective backend that "nccl" becomes; None = the target's own.
     communication_backend: str | None = None
-    # The optimization layer (optimizing.py): conservative | balanced | aggressive.
+    # The optimization layer (optimization/layer.py): conservative | balanced | aggressive.
     optimization_level: str = "conservative"
     # default | reuse | aggressive ("low": prepare(model) turns on gradient checkpointing).
     memory_strategy: str = "default"

@@ -514,7 +514,7 @@ def forget_dynamo_tables(holding: set[int]) -> None:
             table.forget()
 
 
-# --- nn.Module's global forward pre-hooks under a stable key (optimizing.py) ----------------
+# --- nn.Module's global forward pre-hooks under a stable key (optimization/layer.py) ----------------
 __all__ += ["add_global_forward_pre_hook", "remove_global_forward_pre_hook"]
 
 

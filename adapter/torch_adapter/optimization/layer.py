@@ -7,15 +7,15 @@ has the table per target):
 ==========================  ===================================================================
 option                      what happens to the script's objects
 ==========================  ===================================================================
-``optimization_level``      ``conservative``: nothing (eager, as written; no hook installed).
-                            ``balanced``: optimizers run their fused (else foreach) kernels
-                            where the target has them; convolution models go channels-last
-                            where the target's convolutions prefer it (CUDA); models run
-                            under ``autocast`` in the target's fast low precision where it has
-                            one (CUDA: bf16/fp16; a CPU with avx512_bf16/AMX: bf16; never a
-                            CPU without: bf16 is emulated there), outputs cast back to fp32.
-                            ``aggressive``: balanced + each model that ran is
-                            ``torch.compile``\\ d (its first step compiles: a note says how long)
+``optimization_level``      what :mod:`.levels` says (one table, shared with ``prepare()``):
+                            ``conservative`` nothing (no hook installed); ``balanced`` fused
+                            (else foreach) optimizer kernels where the target has them,
+                            channels-last convolution models where the target's convolutions
+                            prefer it (CUDA), autocast in the target's fast low precision where
+                            it has one (CUDA: bf16/fp16; a CPU with bf16 units: bf16; never a
+                            CPU without: bf16 is emulated there), outputs cast back to fp32;
+                            ``aggressive`` balanced + each model that ran is ``torch.compile``\\ d
+                            (its first step compiles: a note says how long)
 ``fusion_patterns``         ``["attention_blocks"]``: hand-written ``softmax(QKᵀ·s)V``
                             (matmul/bmm/@/einsum) runs as ``scaled_dot_product_attention``
                             (:mod:`._fusion`); each rewrite is listed in ``trace()``'s log
@@ -49,6 +49,7 @@ from typing import Any
 
 from ..core import torch_private as tp
 from ..core.state import current
+from .levels import level
 
 __all__ = ["apply", "applied", "OptimizeWarning", "plan_for"]
 
@@ -87,14 +88,14 @@ def plan_for(session: Any) -> dict[str, Any]:
     import torch
 
     cfg, dev = session.config, session.target.device_type
-    level = cfg.optimization_level
-    on = level != "conservative"
+    lv = level(cfg.optimization_level)
     dtype = None
-    if on and cfg.amp_dtype != "float32":
+    if lv.autocast and cfg.amp_dtype != "float32":
         dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(cfg.amp_dtype) or native_low_precision(dev)
-    return {"fused_optimizers": on and dev in _FUSED_DEVICES, "foreach_optimizers": on and dev not in _FUSED_DEVICES,
-            "channels_last": on and dev == "cuda", "autocast": str(dtype).replace("torch.", "") if dtype else None,
-            "compile": level == "aggressive" and not session.target.simulated,
+    return {"fused_optimizers": lv.fast_optimizers and dev in _FUSED_DEVICES,
+            "foreach_optimizers": lv.fast_optimizers and dev not in _FUSED_DEVICES,
+            "channels_last": lv.channels_last and dev == "cuda", "autocast": str(dtype).replace("torch.", "") if dtype else None,
+            "compile": lv.compile and not session.target.simulated,
             "fusion": tuple(cfg.fusion_patterns),
             "gradient_checkpointing": cfg.gradient_checkpointing or cfg.memory_strategy in ("aggressive", "low"),
             "activation_checkpointing": tuple(cfg.activation_checkpointing),

@@ -1,15 +1,16 @@
 """``torch_adapter.prepare(model)``: apply the session's ``optimization_level`` and
 ``memory_strategy`` to a model.
 
+A level means what :mod:`.levels` says, here and in the optimization layer alike;
+``prepare(model)`` applies the part that belongs to the model itself now, the layer the rest
+(optimizer kernels, channels-last, autocast) when the model runs in the session:
+
 =====================  ===============================================================
 ``optimization_level``  what ``prepare(model)`` returns
 =====================  ===============================================================
 ``"conservative"``     the model itself, eager (the default: nothing changes)
-``"balanced"``         ``torch.compile(model)`` (inductor, default mode)
-``"aggressive"``       ``torch.compile(model, mode="max-autotune")``: longer first
-                       compile, autotuned kernels; off CUDA ``"max-autotune-no-cudagraphs"``
-                       (CUDA graphs exist only on CUDA, and inductor's CUDA-graph path
-                       fails on a CPU whose ``torch.cuda`` the adapter answers)
+``"balanced"``         the model itself (the layer applies the rest as it runs)
+``"aggressive"``       ``torch.compile(model)`` (inductor, default mode)
 =====================  ===============================================================
 
 ``memory_strategy="low"`` (or ``"aggressive"``) turns on the model's own gradient checkpointing
@@ -47,34 +48,24 @@ class Plan:
     optimization_level: str
     memory_strategy: str
     compile: bool
-    compile_mode: str | None  # torch.compile(mode=...) when compiling
     gradient_checkpointing: bool
 
     def describe(self) -> str:
         steps = []
         if self.gradient_checkpointing:
             steps.append("turn on gradient checkpointing")
-        steps.append(f"torch.compile(model{', mode=' + repr(self.compile_mode) if self.compile_mode else ''})"
-                     if self.compile else "keep the model eager")
+        steps.append("torch.compile(model)" if self.compile else "keep the model eager")
         return "; ".join(steps)
-
-
-_COMPILE = {"conservative": (False, None), "balanced": (True, None), "aggressive": (True, "max-autotune")}
 
 
 def plan(optimization_level: str | None = None, memory_strategy: str | None = None) -> Plan:
     """The :class:`Plan` for these options; None takes the installed session's (or the defaults)."""
     from ..core.state import current
     from ..core.config import MEMORY_STRATEGIES, OPTIMIZATION_LEVELS, Config
+    from .levels import level as level_of
 
     session = current()
     cfg = session.config if session is not None else Config()
-    if session is not None:
-        device = session.target.device_type
-    else:
-        from ..routing.target import resolve
-
-        device = resolve("auto").device_type
     level = cfg.optimization_level if optimization_level is None else optimization_level
     memory = cfg.memory_strategy if memory_strategy is None else memory_strategy
     if level not in OPTIMIZATION_LEVELS:
@@ -85,10 +76,7 @@ def plan(optimization_level: str | None = None, memory_strategy: str | None = No
         raise UsageError(format_error("torch_adapter.prepare(memory_strategy=...)",
                                       f"one of {', '.join(map(repr, MEMORY_STRATEGIES))}", repr(memory),
                                       fix='e.g. prepare(model, memory_strategy="low")'))
-    compile_, mode = _COMPILE[level]
-    if mode == "max-autotune" and device != "cuda":
-        mode = "max-autotune-no-cudagraphs"
-    return Plan(level, memory, compile_, mode, memory in ("low", "aggressive"))
+    return Plan(level, memory, level_of(level).compile, memory in ("low", "aggressive"))
 
 
 def _checkpointing(model: Any) -> bool:
@@ -127,4 +115,4 @@ def prepare(model: Any, *, optimization_level: str | None = None, memory_strateg
         warnings.warn(f"torch_adapter.prepare(): compiled code runs inductor's kernels, so the simulated "
                       f"{session.target.name} routes are not applied inside it; use "
                       f"optimization_level='conservative' to preview routing", PrepareWarning, stacklevel=2)
-    return torch.compile(model, mode=p.compile_mode) if p.compile_mode else torch.compile(model)
+    return torch.compile(model)

@@ -55,9 +55,24 @@ def apply(session: Any) -> None:
     target_type = session.target.device_type
     if target_type == "cuda":
         return
-    p = session.patcher
-    log = session.redirect_log
-    from torch.amp import autocast_mode, grad_scaler
+    _patch_autocast(session, target_type)
+    _patch_grad_scaler(session, target_type)
+    _patch_custom_fwd(session, target_type)
+    _patch_autocast_state(session, target_type)
+    # ProfilerActivity.CUDA / use_cuda=True: the target's activity (none extra on the CPU).
+    _patch_profiler(session, target_type)
+    _patch_sdpa(session, target_type)
+
+
+def _map_type(device_type: Any, target_type: str) -> Any:
+    return target_type if isinstance(device_type, str) and device_type.startswith("cuda") else device_type
+
+
+def _patch_autocast(session: Any, target_type: str) -> None:
+    """``autocast("cuda", dtype)`` becomes the target's autocast in the dtype the AMP policy says."""
+    from torch.amp import autocast_mode
+
+    p, log = session.patcher, session.redirect_log
 
     def policy() -> str:
         return session.config.amp_dtype
@@ -81,6 +96,11 @@ def apply(session: Any) -> None:
     p.set(autocast_mode.autocast, "__init__", autocast_init)
     _install_cuda_norm_rules(session, autocast_mode.autocast, target_type)
 
+
+def _patch_grad_scaler(session: Any, target_type: str) -> None:
+    from torch.amp import grad_scaler
+
+    p, log = session.patcher, session.redirect_log
     orig_scaler_init = grad_scaler.GradScaler.__init__
 
     @functools.wraps(orig_scaler_init)
@@ -92,8 +112,15 @@ def apply(session: Any) -> None:
 
     p.set(grad_scaler.GradScaler, "__init__", scaler_init)
 
+
+def _patch_custom_fwd(session: Any, target_type: str) -> None:
+    """``custom_fwd/custom_bwd(device_type="cuda")``: the target's device type."""
+    from torch.amp import autocast_mode
+
+    p = session.patcher
+
     def map_type(device_type: Any) -> Any:
-        return target_type if isinstance(device_type, str) and device_type.startswith("cuda") else device_type
+        return _map_type(device_type, target_type)
 
     orig_fwd, orig_bwd = autocast_mode.custom_fwd, autocast_mode.custom_bwd
 
@@ -110,7 +137,14 @@ def apply(session: Any) -> None:
             if getattr(owner, name, None) is orig:
                 p.set(owner, name, new)
 
-    # torch.is_autocast_enabled("cuda") and co. take a device type (no argument = CUDA).
+
+def _patch_autocast_state(session: Any, target_type: str) -> None:
+    """``torch.is_autocast_enabled("cuda")`` and co. take a device type (no argument = CUDA)."""
+    p = session.patcher
+
+    def map_type(device_type: Any) -> Any:
+        return _map_type(device_type, target_type)
+
     for name in ("is_autocast_enabled", "get_autocast_dtype", "is_autocast_available"):
         orig = getattr(torch, name, None)
         if orig is None:
@@ -163,10 +197,6 @@ def apply(session: Any) -> None:
         p.set(torch, name, make_setter(orig))
     if hasattr(torch, "get_autocast_gpu_dtype"):
         p.set(torch, "get_autocast_gpu_dtype", cuda_dtype)
-
-    # ProfilerActivity.CUDA / use_cuda=True: the target's activity (none extra on the CPU).
-    _patch_profiler(session, target_type)
-    _patch_sdpa(session, target_type)
 
 
 def _short(dtype: Any) -> str:

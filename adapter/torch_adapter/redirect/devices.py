@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import copyreg
 import functools
-import sys
-import warnings
 from typing import Any, Callable
 
 import torch
@@ -29,6 +27,8 @@ from torch.overrides import handle_torch_function, has_torch_function
 
 from ..core import torch_private as tp
 from ..core import torch_private as _tp
+from ..core import caller_warnings
+from ..core.caller_warnings import as_caller
 from ..core.patching import mark_stand_in
 
 __all__ = ["DeviceMapper", "apply"]
@@ -147,23 +147,11 @@ def _wrap_device_kwarg(orig: Callable, mapper: DeviceMapper, label: str, *, prot
 def _as_caller(orig: Callable, args: tuple, kwargs: dict) -> Any:
     """``orig(*args, **kwargs)`` for a redirected call, with the warnings it raises attributed to
     the line that called the wrapper (C++ warnings name the innermost Python frame: the
-    wrapper's). Only redirected calls pay for this; the filters apply once, at re-issue. Not while
-    dynamo traces (a ``catch_warnings`` block is a graph break; compiled code warns at trace time).
-    Known limit: ``catch_warnings`` swaps process-wide state, so a warning another thread raises in
-    this window is re-issued here too (a thread-safe way is open: issue 21)."""
+    wrapper's) — per thread, no process-wide state swapped (core/caller_warnings.py). Only
+    redirected calls pay for this. Not while dynamo traces (compiled code warns at trace time)."""
     if _dynamo_compiling():
         return orig(*args, **kwargs)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = orig(*args, **kwargs)
-    if caught:
-        frame = sys._getframe(2)  # _as_caller <- wrapper <- the caller
-        g = frame.f_globals
-        for w in caught:
-            warnings.warn_explicit(w.message, w.category, frame.f_code.co_filename, frame.f_lineno,
-                                   module=g.get("__name__"), registry=g.setdefault("__warningregistry__", {}),
-                                   module_globals=g)
-    return result
+    return as_caller(orig, args, kwargs, depth=3)  # as_caller <- _as_caller <- wrapper <- the caller
 
 
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
@@ -182,6 +170,7 @@ def apply(session: Any) -> DeviceMapper:
         return mapper  # real CUDA: nothing to redirect
     from . import dataflow, device_context, device_ordinal
 
+    caller_warnings.install(p)  # warnings of redirected calls at the caller's line
     device_context.apply(session, mapper, _spell)  # before any factory is wrapped
     device_ordinal.apply(session, mapper)
 

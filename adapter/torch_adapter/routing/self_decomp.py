@@ -165,12 +165,11 @@ def _probe(name: str, profile: Any) -> bool | None:
                     return tp.call_composite_explicit(func, via, a, kw)
             return func(*a, **kw)
 
-    import warnings
+    from ..core.caller_warnings import silenced
 
     state.bypass += 1  # an installed engine runs host kernels, unrouted and unrecorded
     try:
-        with tp.no_dispatch_modes(), warnings.catch_warnings():  # no trace() recorder sees the probe
-            warnings.simplefilter("ignore")
+        with tp.no_dispatch_modes(), silenced():  # no trace() recorder sees the probe, nor the user its warnings
             try:
                 args, kwargs = sample_args(op)
             except (TypeError, RuntimeError):
