@@ -40,6 +40,8 @@ class Config:
     fallback: str = "allow"
     force_cpu: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
+    # Simulated targets: a dtype the real backend refuses raises its error | is recorded | off.
+    dtype_check: str = "raise"
     # Child processes (mp.spawn, DataLoader spawn workers, subprocesses) adapted too.
     propagate: bool = False
     # Record call sites of redirections (cheap: once per distinct call site).
@@ -75,13 +77,15 @@ class Config:
 
 _NAMES = frozenset(f.name for f in fields(Config)) - {"extra"}
 _CHOICES: dict[str, tuple[Any, ...]] = {"amp_dtype": AMP_POLICIES, "fallback": ("allow", "warn", "error"),
+                                        "dtype_check": ("raise", "record", "off"),
                                         "optimization_level": OPTIMIZATION_LEVELS,
                                         "memory_strategy": MEMORY_STRATEGIES, "debug_mode": DEBUG_MODES,
                                         "memory_server": (False, True), "propagate": (False, True),
                                         "log_redirects": (False, True), "gradient_checkpointing": (False, True)}
 _WHY = {"amp_dtype": "it decides what autocast('cuda', float16) becomes on the target",
         "propagate": "it decides whether child processes are adapted too",
-        "fallback": "it decides what happens when the target lacks an op"}
+        "fallback": "it decides what happens when the target lacks an op",
+        "dtype_check": "it decides what a simulated target does with a dtype its real backend refuses"}
 
 
 def _call(key: str) -> str:
