@@ -170,6 +170,16 @@ def _as_caller(orig: Callable, args: tuple, kwargs: dict) -> Any:
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
+def _checked(mapper: DeviceMapper, moved: Any) -> Any:
+    """On a simulated target, a move to it checks the dtypes the real backend refuses
+    (routing/dtype_check.py: a host-to-host move runs no op that could)."""
+    if not mapper.target.simulated:
+        return moved
+    from ..routing.dtype_check import check_moved
+
+    return check_moved(moved)
+
+
 def _looks_like_device(arg: Any) -> bool:
     return type(arg) is str or isinstance(arg, _DEVICE) or (type(arg) is int)
 
@@ -210,7 +220,7 @@ def apply(session: Any) -> DeviceMapper:
         if dev is not None and (mapper.is_cuda(dev) or type(dev) is int):
             kwargs["device"] = mapper.map(dev, f"Tensor.to(device={_spell(dev)})", ints=True)
         if redirected or dev is not None and kwargs["device"] is not dev:
-            return _as_caller(orig_to, (self, *args), kwargs)
+            return _checked(mapper, _as_caller(orig_to, (self, *args), kwargs))
         return orig_to(self, *args, **kwargs)
 
     p.set(T, "to", functools.wraps(orig_to)(to))
@@ -223,7 +233,7 @@ def apply(session: Any) -> DeviceMapper:
         new = mapper.device(index)
         mapper.log.record("device", "Tensor.cuda()" if device is None else f"Tensor.cuda({device!r})",
                           str(new), depth=3)
-        return orig_to(self, new, non_blocking=non_blocking, memory_format=memory_format)
+        return _checked(mapper, orig_to(self, new, non_blocking=non_blocking, memory_format=memory_format))
 
     p.set(T, "cuda", cuda)
 
@@ -286,12 +296,16 @@ def _patch_module_to(p: Any, mapper: DeviceMapper) -> None:
 
     @functools.wraps(orig)
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        moved = False
         if args and (type(args[0]) is int or mapper.is_cuda(args[0])):
             args = (mapper.map(args[0], f"Module.to({_spell(args[0])})", ints=True), *args[1:])
+            moved = True
         dev = kwargs.get("device")
         if dev is not None and (type(dev) is int or mapper.is_cuda(dev)):
             kwargs["device"] = mapper.map(dev, f"Module.to(device={_spell(dev)})", ints=True)
-        return orig(self, *args, **kwargs)
+            moved = True
+        out = orig(self, *args, **kwargs)
+        return _checked(mapper, out) if moved else out
 
     p.set(torch.nn.Module, "to", to)
 

@@ -7,7 +7,7 @@ tensor, so the check sits where tensors come into being: the allocation ops
 ``.to(dtype)`` / ``.double()``, ``torch.tensor``, ``*_like`` and ``dtype=`` reductions all
 dispatch to (measured: routing docs). A tensor of a refused dtype that arrives without an
 allocation (``torch.from_numpy(...).cuda()``: no op runs on a CPU host) is checked where the
-redirect layer moves it (:func:`check_tensor`). Ops a profile lists per-op dtypes for
+redirect layer moves it (:func:`check_moved`). Ops a profile lists per-op dtypes for
 (``[dtypes.ops]``) get a check of their own. Only those few ops pay a Python call, and only on
 simulated targets whose profile refuses something; every other op stays in C++.
 
@@ -28,7 +28,7 @@ from .dispatch_state import state
 from .dtypes import DEVICE_AWARE
 from .internal import active as internal_active
 
-__all__ = ["DtypeCheck", "CREATION_OPS", "MODES", "check_tensor"]
+__all__ = ["DtypeCheck", "CREATION_OPS", "MODES", "check_moved"]
 
 CREATION_OPS = ("aten::empty.memory_format", "aten::empty_strided")
 MODES = ("raise", "record", "off")
@@ -152,13 +152,18 @@ class DtypeCheck:
         raise _ERRORS.get(refusal.error, UnsupportedDtypeTypeError)(f"{refusal.message}\n\ntorch_adapter: {detail}")
 
 
-def check_tensor(tensor: Any, op: str = "aten::_to_copy") -> None:
-    """The redirect layer moved ``tensor`` to the target without running an op (simulated on
-    the host: ``.cuda()`` of a host tensor is the tensor itself): check its dtype as the real
-    backend's copy would."""
+def check_moved(obj: Any) -> Any:
+    """The redirect layer moved ``obj`` (a tensor or a module) to a simulated target. On the
+    host that may run no op at all (``.cuda()`` of a host tensor is the tensor itself), so its
+    dtypes are checked here as the real backend's copy would; returns ``obj``."""
     from ..core.state import current
 
-    session = current()
-    check = getattr(getattr(session, "routing", None), "dtype_check", None)
-    if check is not None and check.active and tensor.dtype in check._refused:
-        check.refuse(op, tensor.dtype)
+    check = getattr(getattr(current(), "routing", None), "dtype_check", None)
+    if check is None or not check.active or not check._refused:
+        return obj
+    tensors = (obj,) if hasattr(obj, "dtype") else (*obj.parameters(), *obj.buffers()) if hasattr(obj, "buffers") else ()
+    for t in tensors:
+        if t.dtype in check._refused:
+            check.refuse("aten::_to_copy", t.dtype)
+            break
+    return obj
