@@ -155,13 +155,18 @@ class RoutingLog:
         rows = sorted(self.dtype_findings.values(), key=lambda r: (-r.calls, r.dtype, r.op))
         return [r.as_dict() for r in rows]
 
-    def merge(self, other: "RoutingLog") -> "RoutingLog":
-        """Add every entry of ``other`` to this log (sites: the first one seen wins). Returns self."""
+    def merge_dtypes(self, other: "RoutingLog") -> "RoutingLog":
+        """Add ``other``'s dtype findings (and its judged/not-judged note, if this log has none)."""
         for f in list(other.dtype_findings.values()):
             self.add_dtype(f.op, f.dtype, calls=f.calls, error=f.error, message=f.message, source=f.source,
                            site=f.site)
         if self.dtype_note is None:
             self.dtype_note = other.dtype_note
+        return self
+
+    def merge(self, other: "RoutingLog") -> "RoutingLog":
+        """Add every entry of ``other`` to this log (sites: the first one seen wins). Returns self."""
+        self.merge_dtypes(other)
         for rec in list(other.entries.values()):
             self.add(rec.op, rec.route, calls=rec.calls, self_time_ns=rec.self_time_ns,
                      bytes_to_cpu=rec.bytes_to_cpu, bytes_from_cpu=rec.bytes_from_cpu, reason=rec.reason,
