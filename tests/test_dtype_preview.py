@@ -16,6 +16,16 @@ EMPTY_CPP = "pytorch aten/src/ATen/mps/EmptyTensor.cpp empty_mps (MPS_ERROR_DOUB
 OPUTILS = "pytorch aten/src/ATen/native/mps/OperationUtils.mm getMPSDataType / checkSupportsBFloat16 / checkSupportsComplex"
 ARC = "intel/torch-xpu-ops#1742 (Arc A770, torch 2.7.1+xpu)"
 ALL = "CUDA/CPU dispatch macros include Double and ComplexDouble"
+SCALER_MPS = "torch/amp/grad_scaler.py unscale_: float64 inverse scale except on mps:0"
+SCALER_ARC = "pytorch/pytorch#147731 (GradScaler does not work on Arc: no fp64)"
+
+
+def _scaler_step():
+    model = torch.nn.Linear(4, 1).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cuda")
+    scaler.scale(model(torch.ones(2, 4, device="cuda")).sum()).backward()
+    scaler.step(opt)
 
 
 def _ones(dtype):
@@ -45,6 +55,8 @@ TABLE = [
     ("xpu-arc", "complex128", _ones(torch.complex128), RuntimeError, "Required aspect fp64", ARC),
     ("xpu-arc", "float32", _ones(torch.float32), None, "", ARC),
     ("xpu", "float64", _ones(torch.float64), None, "", "Data Center GPU Max has fp64"),
+    ("mps", "float64", _scaler_step, None, "", SCALER_MPS),
+    ("xpu-arc", "float64", _scaler_step, RuntimeError, "Required aspect fp64", SCALER_ARC),
     ("cuda", "float64", _ones(torch.float64), None, "", ALL),
     ("cuda", "complex128", _ones(torch.complex128), None, "", ALL),
 ]

@@ -35,13 +35,13 @@ MODES = ("raise", "record", "off")
 _ERRORS = {"TypeError": UnsupportedDtypeTypeError, "RuntimeError": UnsupportedDtypeRuntimeError}
 
 
-def _device_aware() -> str:
-    """Why the calling code would pick another dtype on the real target, or "" (only on a refusal)."""
+def _device_aware(target: str) -> str:
+    """Why the calling code would pick another dtype on the real ``target``, or "" (only on a refusal)."""
     frame = sys._getframe(2)
     while frame is not None:
         name = frame.f_code.co_filename.replace("\\", "/")
-        for suffix, why in DEVICE_AWARE:
-            if name.endswith(suffix):
+        for suffix, spares, why in DEVICE_AWARE:
+            if target in spares and name.endswith(suffix):
                 return why
         frame = frame.f_back
     return ""
@@ -128,7 +128,7 @@ class DtypeCheck:
 
     def refuse(self, op: str, dtype: Any) -> None:
         """A call the real target refuses: raise its error, or record it (``"record"``)."""
-        if state.bypass or internal_active() or _device_aware():
+        if state.bypass or internal_active() or _device_aware(self.caps.target):
             return
         name = str(dtype).removeprefix("torch.")
         refusal = self.caps.refusal(name, op)

@@ -139,10 +139,14 @@ NO_DATA = {"npu": "the Ascend op tables list no supported dtypes per op (their g
            "mtia": "no source lists MTIA's dtypes, so this preview cannot judge dtypes"}
 
 # Code that picks its dtype by the device it runs on: on the real target it takes a supported
-# one, on a simulated target (CPU tensors) it would not. (file suffix, why) — checked only on
-# a refusal, so it costs nothing on supported dtypes.
-DEVICE_AWARE = (("torch/_tensor_str.py", "torch's tensor printing uses float32 on MPS and on an XPU without fp64 "
-                 "(tensor_totype)"),)
+# one, on a simulated target (CPU tensors) it would not. (file suffix, the targets it spares, why)
+# — looked at only on a refusal, so it costs nothing on supported dtypes.
+DEVICE_AWARE = (
+    ("torch/_tensor_str.py", ("mps", "xpu"),
+     "torch's tensor printing uses float32 on MPS and on an XPU without fp64 (tensor_totype)"),
+    ("torch/amp/grad_scaler.py", ("mps",),
+     "GradScaler.unscale_ computes the inverse scale in float64 except on mps:0"),
+)
 
 
 @functools.lru_cache(maxsize=None)
