@@ -170,3 +170,34 @@ def test_targets_lists_dtype_capability_and_variants():
     assert "float64" in rows["mps"]["details"]["dtypes"]
     assert "cannot judge" in rows["npu"]["details"]["dtypes"]
     assert "xpu-arc" in rows["xpu"]["details"]["variants"]
+
+
+def test_check_run_lists_refused_dtypes_as_their_own_finding(tmp_path, monkeypatch):
+    import json
+
+    from torch_adapter.check.cli import main as check_main
+
+    (tmp_path / "train.py").write_text("import torch\nx = torch.ones(3, device='cuda')\n"
+                                       "t = torch.tensor([0.5], dtype=torch.float64).cuda()\nprint((x * t).sum())\n")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "report.json"
+    code = check_main(["--path", ".", "--target", "mps", "--simulate", "--run", "python train.py",
+                       "--output", str(out), "--quiet"])
+    data = json.loads(out.read_text())
+    assert data["runtime"]["exit_code"] == 0  # recorded, the run went on
+    assert code == 1  # a dtype the target refuses will not run there: at or above --fail-on error
+    rt3 = {f["start_line"]: f["message"] for f in data["findings"] if f["rule_id"] == "RT003"}
+    assert sorted(rt3) == [3, 4]  # the float64 tensor moved to the device, then a promoted float64 result
+    assert "dtype float64 not on mps: aten::_to_copy" in rt3[3] and "Cannot convert a MPS Tensor" in rt3[3]
+    assert not [f for f in data["findings"] if f["rule_id"] == "RT002"]
+
+
+def test_coverage_rows_carry_dtype_findings():
+    from torch_adapter.coverage.engine import analyse
+
+    with torch_adapter.adapted("mps", simulate=True, dtype_check="record"):
+        with torch_adapter.trace(use_observer=False) as log:
+            torch.zeros(2, device="cuda").double()
+    found = analyse(log)["dtypes"]
+    assert found["judged"] and [f["dtype"] for f in found["findings"]] == ["float64"]
+    assert sum(analyse(log)["calls"].values()) >= 0 and "dtype" not in analyse(log)["calls"]  # not a route

@@ -40,6 +40,8 @@ def _add_run(sub: Any) -> None:
                    help="what autocast('cuda', float16) becomes (default auto: the program's own dtype)")
     p.add_argument("--fallback", default="allow", choices=("allow", "warn", "error"),
                    help="policy for ops the target lacks")
+    p.add_argument("--dtype-check", default="raise", choices=("raise", "record", "off"),
+                   help="--simulate: a dtype the real target refuses raises its error (default), is recorded, or not checked")
     p.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")
     p.add_argument("script", metavar="SCRIPT", help="the script (or module with -m) to run")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments passed to SCRIPT")
@@ -51,7 +53,7 @@ def _run(args: argparse.Namespace) -> int:
 
     return run_script(args.script, args.args, module=args.module, target=args.target, simulate=args.simulate,
                       report=args.report, report_json=args.report_json, amp_dtype=args.amp_dtype,
-                      fallback=args.fallback, exit_guard=True)
+                      fallback=args.fallback, dtype_check=args.dtype_check, exit_guard=True)
 
 
 def _add_targets(sub: Any) -> None:
