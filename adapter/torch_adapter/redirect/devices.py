@@ -170,10 +170,11 @@ def _as_caller(orig: Callable, args: tuple, kwargs: dict) -> Any:
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
-def _checked(mapper: DeviceMapper, moved: Any) -> Any:
+def _checked(mapper: DeviceMapper, moved: Any, source: Any = None) -> Any:
     """On a simulated target, a move to it checks the dtypes the real backend refuses
-    (routing/dtype_check.py: a host-to-host move runs no op that could)."""
-    if not mapper.target.simulated:
+    (routing/dtype_check.py: a host-to-host move runs no op that could; a tensor move that
+    made a new tensor ran the allocation check already)."""
+    if not mapper.target.simulated or (source is not None and moved is not source):
         return moved
     from ..routing.dtype_check import check_moved
 
@@ -220,7 +221,7 @@ def apply(session: Any) -> DeviceMapper:
         if dev is not None and (mapper.is_cuda(dev) or type(dev) is int):
             kwargs["device"] = mapper.map(dev, f"Tensor.to(device={_spell(dev)})", ints=True)
         if redirected or dev is not None and kwargs["device"] is not dev:
-            return _checked(mapper, _as_caller(orig_to, (self, *args), kwargs))
+            return _checked(mapper, _as_caller(orig_to, (self, *args), kwargs), self)
         return orig_to(self, *args, **kwargs)
 
     p.set(T, "to", functools.wraps(orig_to)(to))
@@ -233,7 +234,7 @@ def apply(session: Any) -> DeviceMapper:
         new = mapper.device(index)
         mapper.log.record("device", "Tensor.cuda()" if device is None else f"Tensor.cuda({device!r})",
                           str(new), depth=3)
-        return _checked(mapper, orig_to(self, new, non_blocking=non_blocking, memory_format=memory_format))
+        return _checked(mapper, orig_to(self, new, non_blocking=non_blocking, memory_format=memory_format), self)
 
     p.set(T, "cuda", cuda)
 
