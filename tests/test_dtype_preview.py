@@ -62,10 +62,24 @@ TABLE = [
 ]
 
 
+@pytest.fixture(params=["cpp", "python"])
+def backend(request, monkeypatch):
+    """The allocation check in C++ (routing/_dtype_guard.cpp) and its Python-kernel fallback."""
+    from torch_adapter.routing import dtype_guard
+
+    if request.param == "python":
+        monkeypatch.setenv(dtype_guard.ENV, "python")
+    elif dtype_guard.load() is None:
+        pytest.skip("the C++ dtype guard cannot be built here (no compiler or ninja)")
+    return request.param
+
+
 @pytest.mark.parametrize("target,dtype,make,error,message,source", TABLE,
                          ids=[f"{t}-{d}-{i}" for i, (t, d, *_rest) in enumerate(TABLE)])
-def test_the_preview_refuses_what_the_real_target_refuses(target, dtype, make, error, message, source):
-    with torch_adapter.adapted(target, simulate=True):
+def test_the_preview_refuses_what_the_real_target_refuses(target, dtype, make, error, message, source, backend):
+    with torch_adapter.adapted(target, simulate=True) as session:
+        check = session.routing.dtype_check
+        assert check.backend == (backend if check.caps.refused else "")
         if error is None:
             make()
             return
@@ -78,7 +92,7 @@ def test_the_preview_refuses_what_the_real_target_refuses(target, dtype, make, e
     assert any(str(entry.path) == __file__ for entry in info.traceback[1:])  # raised from the user's line
 
 
-def test_record_mode_lists_every_call_with_its_site_and_goes_on():
+def test_record_mode_lists_every_call_with_its_site_and_goes_on(backend):
     with torch_adapter.adapted("mps", simulate=True, dtype_check="record") as session:
         x = torch.ones(3, dtype=torch.float64, device="cuda")  # line A
         y = (x * 2).sum()
@@ -104,7 +118,7 @@ def test_a_profile_without_dtype_data_says_it_cannot_judge():
     assert profiles.load_profile("npu").dtypes is None
 
 
-def test_off_checks_nothing_and_uninstall_restores_the_kernels():
+def test_off_checks_nothing_and_uninstall_restores_the_kernels(backend):
     before = torch.library.get_kernel("aten::empty.memory_format", "CPU")
     with torch_adapter.adapted("mps", simulate=True, dtype_check="off"):
         torch.ones(3, dtype=torch.float64, device="cuda")
@@ -116,11 +130,11 @@ def test_off_checks_nothing_and_uninstall_restores_the_kernels():
     assert before.__repr__().split(" at ")[0] == after.__repr__().split(" at ")[0]
 
 
-def test_a_target_that_refuses_nothing_registers_no_dtype_kernel():
+def test_a_target_that_refuses_nothing_registers_no_dtype_kernel(backend):
     with torch_adapter.adapted("cuda", simulate=True) as session:
-        assert not session.routing.dtype_check._libs
+        assert session.routing.dtype_check.backend == ""
     with torch_adapter.adapted("mps", simulate=True) as session:
-        assert session.routing.dtype_check._libs
+        assert session.routing.dtype_check.backend == backend
 
 
 def _write(tmp_path, text):

@@ -37,7 +37,7 @@ _ERRORS = {"TypeError": UnsupportedDtypeTypeError, "RuntimeError": UnsupportedDt
 
 def _device_aware(target: str) -> str:
     """Why the calling code would pick another dtype on the real ``target``, or "" (only on a refusal)."""
-    frame = sys._getframe(2)
+    frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename.replace("\\", "/")
         for suffix, spares, why in DEVICE_AWARE:
@@ -57,6 +57,7 @@ class DtypeCheck:
         self.caps = engine.profile.dtypes
         self.mode = "raise"
         self._libs: list[Any] = []
+        self._guard: Any = None  # the C++ guard (routing/dtype_guard.py) while it holds the allocation ops
         self._refused = frozenset(getattr(torch, d) for d in (self.caps.refused if self.caps else ()))
         self._default = torch.get_default_dtype
 
@@ -64,6 +65,11 @@ class DtypeCheck:
     def active(self) -> bool:
         caps = self.caps
         return bool(self.engine.simulated and caps is not None and self.mode != "off" and (caps.refused or caps.ops))
+
+    @property
+    def backend(self) -> str:
+        """``"cpp"`` (the C++ guard holds the allocation ops), ``"python"`` or ``""`` (nothing registered)."""
+        return "cpp" if self._guard is not None else "python" if self._libs and self._refused else ""
 
     def install(self, mode: str) -> None:
         """(Re)register the kernels on top of whatever runs below them now (the engine's overrides
@@ -74,6 +80,9 @@ class DtypeCheck:
             self._register()
 
     def detach(self) -> None:
+        if self._guard is not None:
+            self._guard.uninstall()
+            self._guard = None
         for lib in self._libs:
             lib._destroy()
         self._libs = []
@@ -84,10 +93,11 @@ class DtypeCheck:
         key = self.engine.key
         lib = tp.kernel_library("aten")
         self._libs.append(lib)
-        for name in CREATION_OPS if self._refused else ():
-            original = tp.host_kernel(name, key)
-            if original is not None:
-                tp.register_python_kernel(lib, name, self._creation_kernel(name, original), key)
+        if self._refused and not self._register_guard(key):
+            for name in CREATION_OPS:
+                original = tp.host_kernel(name, key)
+                if original is not None:
+                    tp.register_python_kernel(lib, name, self._creation_kernel(name, original), key)
         for name, allowed in sorted(self.caps.ops.items()):
             if name in CREATION_OPS:
                 continue
@@ -100,6 +110,18 @@ class DtypeCheck:
                 self._libs.append(target_lib)
             ok = frozenset(getattr(torch, d) for d in allowed)
             tp.register_python_kernel(target_lib, name, self._op_kernel(name, original, ok), key)
+
+    def _register_guard(self, key: str) -> bool:
+        """The allocation ops checked in C++ (no Python call for supported dtypes); False when
+        the guard cannot be built here or holds another session's ops."""
+        from . import dtype_guard
+
+        guard = dtype_guard.load()
+        if guard is None or guard.installed():
+            return False
+        guard.install(list(CREATION_OPS), key, sorted(self._refused, key=str), self.refuse)
+        self._guard = guard
+        return True
 
     def _creation_kernel(self, name: str, original: Any) -> Callable[..., Any]:
         refused, default = self._refused, self._default
@@ -138,7 +160,7 @@ class DtypeCheck:
         if self.mode == "record":
             from .log import user_site
 
-            site = user_site(2)
+            site = user_site(1)  # walks out from our caller (the kernel, or the user when the C++ guard calls)
             for log in engine.logs:
                 log.add_dtype(op, name, error=refusal.error, message=refusal.message, source=refusal.source,
                               site=site)
