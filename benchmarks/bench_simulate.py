@@ -10,6 +10,7 @@ redirected to the host.
     python benchmarks/bench_simulate.py --quick              # < 2 min
     python benchmarks/bench_simulate.py --repeats 9 --json simulate
     python benchmarks/bench_simulate.py --configs plain,simulated,dispatch_mode   # with the reference
+    python benchmarks/bench_simulate.py --configs simulated_dtypes_off,simulated  # the dtype check's cost
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     chosen = ["sd_unet", "cnn"] if args.workload == "all" else [args.workload]
     configs = [harness.plain(),
                harness.adapted(args.simulate, simulate=True, name="simulated", goal=GOAL),
+               # the dtype check's cost: the same simulated target with dtype_check="off" (docs/routing.md)
+               harness.adapted(args.simulate, simulate=True, name="simulated_dtypes_off", dtype_check="off"),
                harness.adapted("cpu", name="redirect_only"),  # the redirect layer alone, for reference
                _passthrough_mode(),  # what a dispatch mode costs before doing any work, for reference
                harness.plain(name="plain_again")]  # A/A noise control, on request

@@ -304,3 +304,29 @@ def test_adapter_check_shows_the_report_inline(ip, tmp_path):
     assert html.startswith("<iframe") and "srcdoc=" in html
     with pytest.raises(UsageError, match="no such path"):
         ip.run_line_magic("adapter_check", str(tmp_path / "missing"))
+
+
+def test_dtype_findings_are_their_own_kind_in_the_pill_trace_and_inspector(ip):
+    ip.run_line_magic("adapter", "target mps --simulate")
+    with pytest.raises(TypeError, match="Cannot convert a MPS Tensor to float64"):  # the default: as MPS raises
+        ip.run_cell("import torch\nx = torch.ones(3, dtype=torch.float64, device='cuda')\n").raise_error()
+    ip.run_line_magic("adapter", "dtypes record")
+    result, bundles, _ = run(ip, "import torch\nx = torch.ones(3, dtype=torch.float64, device='cuda')\ny = x * 2\n")
+    assert result.success
+    payload = bundles[-1][schema.MIME]
+    d = payload["dtypes"]
+    assert d["judged"] and d["calls"] >= 2 and {f["dtype"] for f in d["findings"]} == {"float64"}
+    assert all(re.fullmatch(r"cell \[\d+\], line [23]", f["site"]) for f in d["findings"])
+    assert "dtype refused" in bundles[-1]["text/plain"] and "dtype float64 not on mps" in bundles[-1]["text/plain"]
+    assert sum(payload["counts"].values()) == sum(payload["counts"][r] for r in schema.ROUTES)  # not a route
+    with capture_output() as cap:
+        ip.run_cell("%%adapter_trace\nz = torch.zeros(2, device='cuda').double()\n")
+    assert any("dtype float64" in o.data.get("text/html", "") for o in cap.outputs)
+    inspector, _ = _open_inspector(ip)
+    assert "dtype float64 not on mps" in inspector.text() and "dtype refused" in inspector.html()
+    ip.run_line_magic("adapter", "dtypes raise")
+    ip.run_line_magic("adapter", "target npu --simulate")
+    _, bundles, _ = run(ip, "x = torch.ones(3, dtype=torch.float64, device='cuda')\n")
+    assert bundles[-1][schema.MIME]["dtypes"]["judged"] is False
+    assert "dtypes not judged" in bundles[-1]["text/plain"]
+    ip.run_line_magic("adapter", "target auto")

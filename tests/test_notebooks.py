@@ -322,6 +322,16 @@ def test_port_routing_per_cell_and_compare(port):
 
 
 @pytest.mark.slow
+def test_port_dtypes_a_mac_and_an_arc_gpu_would_refuse(port):
+    nb = port
+    assert "dtypes a Mac would refuse in this step: none" in text(cell(nb, "dtypes-step"))
+    arc = text(cell(nb, "dtypes-arc-step"))
+    assert arc.startswith("UnsupportedDtypeRuntimeError: Required aspect fp64 is not supported on the device")
+    assert "Why: the real xpu-arc refuses it" in arc
+    assert "target mps (simulated" in text(cell(nb, "dtypes-back"))
+
+
+@pytest.mark.slow
 def test_port_profile_and_export(port):
     nb = port
     profile = text(cell(nb, "profile"))

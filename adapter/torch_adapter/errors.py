@@ -15,6 +15,9 @@
     │                                   because it derives from a torch class
     ├── ProfileError (+ ValueError)     a capability profile file that is malformed
     ├── FallbackError (+ RuntimeError)  fallback policy "error" met an op the target lacks
+    ├── UnsupportedDtypeError           a simulated target met a dtype its real backend refuses;
+    │   ├── UnsupportedDtypeTypeError (+ TypeError)        as MPS raises it
+    │   └── UnsupportedDtypeRuntimeError (+ RuntimeError)  as XPU (no fp64) raises it
     ├── CheckError (+ RuntimeError)     the `check` command cannot read its input
     ├── RestoreError (+ RuntimeError)   undoing a session failed somewhere (everything else
     │                                   was still put back); names every failure
@@ -36,6 +39,9 @@ __all__ = [
     "ProfileError",
     "RegistrationError",
     "FallbackError",
+    "UnsupportedDtypeError",
+    "UnsupportedDtypeTypeError",
+    "UnsupportedDtypeRuntimeError",
     "CheckError",
     "RestoreError",
     "NumericsError",
@@ -87,6 +93,19 @@ class RegistrationError(UsageError):
 
 class FallbackError(AdapterError, RuntimeError):
     """The fallback policy is "error" and an op would run on the CPU."""
+
+
+class UnsupportedDtypeError(AdapterError):
+    """A simulated target met a dtype its real backend refuses (routing/dtype_check.py). Raised
+    as one of the two subclasses, so that it is the exception class the real backend raises."""
+
+
+class UnsupportedDtypeTypeError(UnsupportedDtypeError, TypeError):
+    """A dtype refused as MPS refuses it (``TORCH_CHECK_TYPE``: a TypeError)."""
+
+
+class UnsupportedDtypeRuntimeError(UnsupportedDtypeError, RuntimeError):
+    """A dtype refused as an XPU without fp64 refuses it (SYCL: a RuntimeError)."""
 
 
 class CheckError(AdapterError, RuntimeError):

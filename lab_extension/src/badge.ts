@@ -4,7 +4,7 @@
 
 import { Widget } from '@lumino/widgets';
 
-import { badgeLevel, badgeText, fallbackLine, formatExact, targetLabel, tooltipText } from './format';
+import { badgeLevel, badgeText, dtypeText, fallbackLine, formatExact, targetLabel, tooltipText } from './format';
 import { IRoutingPayload, ROUTES } from './schema';
 
 export const BADGE_CLASS = 'jp-TorchAdapter-badge';
@@ -16,7 +16,7 @@ export function renderBadge(
   topFallbacks: number,
   showTarget = true
 ): void {
-  const level = badgeLevel(payload.counts);
+  const level = payload.dtypes && payload.dtypes.calls > 0 ? 'fallback' : badgeLevel(payload.counts);
   node.classList.add(BADGE_CLASS);
   for (const route of ROUTES) {
     node.classList.toggle(`jp-mod-${route}`, route === level);
@@ -30,7 +30,7 @@ export function renderBadge(
   dot.className = 'jp-TorchAdapter-dot';
   const text = document.createElement('span');
   text.className = 'jp-TorchAdapter-badgeText';
-  text.textContent = badgeText(payload.counts);
+  text.textContent = badgeText(payload.counts) + dtypeText(payload);
   node.append(dot, text);
   if (showTarget) {
     const target = document.createElement('span');

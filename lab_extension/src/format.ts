@@ -54,6 +54,18 @@ export function badgeText(counts: IRouteCounts, exact = false): string {
   return `${f(counts.native)} native · ${f(counts.composite)} composite · ${f(counts.fallback)} CPU`;
 }
 
+/** " · 2 dtype refused" / " · dtypes not judged" (simulated targets), else "". */
+export function dtypeText(payload: Pick<IRoutingPayload, 'dtypes'>): string {
+  const d = payload.dtypes;
+  if (!d) {
+    return '';
+  }
+  if (d.calls > 0) {
+    return ` · ${formatExact(d.calls)} dtype refused`;
+  }
+  return d.judged ? '' : ' · dtypes not judged';
+}
+
 /** Coloured when something fell back to the CPU; composite is worth a hint. */
 export function badgeLevel(counts: IRouteCounts): Level {
   if (counts.fallback > 0) {
@@ -98,6 +110,16 @@ export function tooltipText(payload: IRoutingPayload, topFallbacks = 5): string 
     lines.push('Some ops fell back to the CPU (run %%adapter_trace for the table).');
   } else {
     lines.push('Nothing fell back to the CPU.');
+  }
+  const d = payload.dtypes;
+  if (d && d.findings.length) {
+    lines.push(`Refused by a real ${payload.target} for their dtype:`);
+    for (const f of d.findings) {
+      const where = f.site ? ` at ${f.site}` : '';
+      lines.push(`  dtype ${f.dtype} not on ${payload.target}: ${f.op} ×${formatExact(f.calls)}${where} — ${f.message}`);
+    }
+  } else if (d && !d.judged) {
+    lines.push(`Dtypes not judged: ${d.note}`);
   }
   const costs = [`cell ${formatMs(payload.wall_ms)}`];
   if (payload.op_time_ms !== null) {

@@ -37,6 +37,23 @@ export interface IFallbackOp {
   site: string | null;
 }
 
+/** Calls a simulated target's real backend refuses for their dtype: a finding kind, not a route. */
+export interface IDtypeFinding {
+  op: string;
+  dtype: string;
+  calls: number;
+  message: string;
+  site: string | null;
+}
+
+export interface IDtypes {
+  /** False: the profile has no dtype data, so nothing was judged (`note` says why). */
+  judged: boolean;
+  note: string;
+  calls: number;
+  findings: IDtypeFinding[];
+}
+
 /** One cell's routing: schema `torch-adapter.cell-routing`, version 1. */
 export interface IRoutingPayload {
   schema: string;
@@ -56,6 +73,8 @@ export interface IRoutingPayload {
   bytes_copied: number;
   /** Kernel totals since `%load_ext torch_adapter` (null when absent). */
   session: ISessionTotals | null;
+  /** Simulated targets only (null or absent otherwise). */
+  dtypes?: IDtypes | null;
 }
 
 export type ParseResult =
@@ -120,6 +139,25 @@ function readFallbacks(value: unknown): IFallbackOp[] {
   }));
 }
 
+function readDtypes(value: unknown): IDtypes | null {
+  if (!isDict(value)) {
+    return null;
+  }
+  const findings = Array.isArray(value.findings) ? value.findings.filter(isDict) : [];
+  return {
+    judged: value.judged !== false,
+    note: typeof value.note === 'string' ? value.note : '',
+    calls: isCount(value.calls) ? value.calls : 0,
+    findings: findings.map(item => ({
+      op: String(item.op ?? '?'),
+      dtype: String(item.dtype ?? '?'),
+      calls: isCount(item.calls) ? item.calls : 0,
+      message: typeof item.message === 'string' ? item.message : '',
+      site: typeof item.site === 'string' ? item.site : null
+    }))
+  };
+}
+
 function numberOrNull(value: unknown): number | null {
   return typeof value === 'number' && Number.isFinite(value) ? value : null;
 }
@@ -167,6 +205,10 @@ export function parsePayload(data: unknown): ParseResult {
     bytes_copied: isCount(data.bytes_copied) ? data.bytes_copied : 0,
     session: readSession(data.session)
   };
+  const dtypes = readDtypes(data.dtypes);
+  if (dtypes) {
+    payload.dtypes = dtypes; // optional: only simulated targets send it
+  }
   const warning =
     version > VERSION
       ? `payload version ${version} is newer than this extension's (${VERSION}): showing the version-${VERSION} fields; upgrade the extension with the torch-adapter package`

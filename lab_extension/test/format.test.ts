@@ -4,6 +4,7 @@ import { describe, it } from 'node:test';
 import {
   badgeLevel,
   badgeText,
+  dtypeText,
   formatBytes,
   formatCount,
   formatExact,
@@ -75,6 +76,17 @@ describe('tooltip', () => {
     assert.match(text, /^torch_adapter · target cpu · policy allow\n/);
     assert.match(text, /\nNothing fell back to the CPU\.\n/);
     assert.doesNotMatch(text, /copied/);
+  });
+
+  it('shows dtype findings as their own kind, and a profile without dtype data as not judged', () => {
+    const finding = { op: 'aten::empty.memory_format', dtype: 'float64', calls: 2, message: 'Cannot convert', site: 'cell [4], line 1' };
+    const refused = payload({ dtypes: { judged: true, note: '', calls: 2, findings: [finding] } });
+    assert.equal(dtypeText(refused), ' · 2 dtype refused');
+    assert.match(tooltipText(refused), /\n {2}dtype float64 not on mps: aten::empty\.memory_format ×2 at cell \[4\], line 1 — Cannot convert/);
+    const unjudged = payload({ target: 'npu', dtypes: { judged: false, note: 'no dtype data', calls: 0, findings: [] } });
+    assert.equal(dtypeText(unjudged), ' · dtypes not judged');
+    assert.match(tooltipText(unjudged), /\nDtypes not judged: no dtype data/);
+    assert.equal(dtypeText(payload()), '');
   });
 
   it('writes a fallback line with its cell-relative site', () => {

@@ -55,6 +55,7 @@ class RoutingInspector(w.VBox):
         self.max_rows = max_rows
         self.cells: list[dict[str, Any]] = []
         self.ops: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.dtype_findings: dict[tuple[Any, ...], dict[str, Any]] = {}  # (op, dtype, target, site) -> finding
         self.handle: Any = None  # a display handle kept current after each cell (exports)
         self.header = w.HTML()
         self.chart = w.HTML()
@@ -121,6 +122,10 @@ class RoutingInspector(w.VBox):
             site = site_text(row.get("site"))
             if site and site not in agg["sites"]:
                 agg["sites"].append(site)
+        for f in (payload.get("dtypes") or {}).get("findings", ()):  # their own kind: never a route
+            agg = self.dtype_findings.setdefault((f["op"], f["dtype"], target, f.get("site")),
+                                                 {**f, "target": target, "calls": 0})
+            agg["calls"] += int(f.get("calls") or 0)
         if refresh:
             self._refresh()
 
@@ -154,7 +159,18 @@ class RoutingInspector(w.VBox):
         return (f"<div class='torch-adapter-inspector-head'><b>Op routing</b> · {n} {'cell' if n == 1 else 'cells'} · "
                 f"<span data-route='native'>{t['native']:,} native</span> · "
                 f"<span data-route='composite'>{t['composite']:,} composite</span> · "
-                f"<span data-route='fallback'>{t['fallback']:,} CPU fallback</span> op calls</div>")
+                f"<span data-route='fallback'>{t['fallback']:,} CPU fallback</span> op calls"
+                f"{self._dtype_html()}</div>")
+
+    def _dtype_html(self) -> str:
+        """The calls a simulated target's real backend refuses for their dtype (own kind, not a route)."""
+        found = sorted(self.dtype_findings.values(), key=lambda f: -f["calls"])
+        if not found:
+            return ""
+        items = "".join(f"<li data-kind='dtype'>dtype {html.escape(f['dtype'])} not on {html.escape(f['target'])}: "
+                        f"<code>{html.escape(f['op'])}</code> ×{f['calls']:,}"
+                        f"{' at ' + html.escape(f['site']) if f.get('site') else ''}</li>" for f in found[:10])
+        return f" · <span data-kind='dtype'>{sum(f['calls'] for f in found):,} dtype refused</span><ul>{items}</ul>"
 
     def _chart_svg(self) -> str:
         labels = [c["label"] for c in self.cells]
@@ -217,6 +233,8 @@ class RoutingInspector(w.VBox):
                  f"{t['composite']:,} composite · {t['fallback']:,} CPU fallback op calls"]
         lines += [f"  cell {c['label']:>6} {c['target']}: {c['counts']['native']:,} native · "
                   f"{c['counts']['composite']:,} composite · {c['counts']['fallback']:,} CPU" for c in self.cells]
+        lines += [f"  dtype {f['dtype']} not on {f['target']}: {f['op']} ×{f['calls']:,}"
+                  + (f" at {f['site']}" if f.get("site") else "") for f in self.dtype_findings.values()]
         rows = self.rows()
         if rows:
             lines.append("top ops:")

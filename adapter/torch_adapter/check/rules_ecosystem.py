@@ -363,4 +363,9 @@ RUNTIME_RULES: tuple[dict, ...] = (
          message="The command exited with an error when run under the adapter on {target}; "
                  "this is the last line of the project in its traceback.",
          alternative="Read the traceback (terminal output) and the findings on this line."),
+    dict(id="RT003", title="dtype the target refuses", severity="unsupported",
+         message="At run time this line created or moved a tensor of a dtype {target} does not have; the real "
+                 "backend refuses it (a simulated run lists each such call: torch-adapter run --dtype-check record).",
+         alternative="Use float32 for what runs on the target (dtype=torch.float32, .float()); keep float64 "
+                     "math on the CPU."),
 )

@@ -8,7 +8,7 @@ removed afterwards) then holds a ``torch-adapter.routing-log`` JSON document (se
 adds the runtime section -- ops x route x user call sites, coverage shares, the top
 fallback ops with the lines that caused them -- plus findings on the project's lines
 (RT001: ops there fall back to the CPU; RT002: the command failed, at its last project
-frame) and, from the redirect log, what each statically found line became at run time.
+frame; RT003: a dtype the simulated target's real backend refuses, its own kind of finding) and, from the redirect log, what each statically found line became at run time.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def run_traced(command: str, *, target: str = "auto", simulate: bool = False, cw
     tmpdir = tempfile.mkdtemp(prefix="torch-adapter-check-")
     log_path = os.path.join(tmpdir, "routing.json")
     argv = [sys.executable, "-m", "torch_adapter", "run", "--target", "auto" if target == "any" else target]
-    argv += ["--simulate"] if simulate else []
+    argv += ["--simulate", "--dtype-check", "record"] if simulate else []  # one run lists every refused dtype
     argv += ["--report-json", log_path] + (["-m"] if module else []) + tail_args[1 if module else 0:]
     tail: deque[str] = deque(maxlen=200)
     try:
@@ -211,6 +211,7 @@ def join_runtime(report: Report, log: dict[str, Any], *, command: list[str] | No
     report.runtime = section
     meta = {r["id"]: r for r in RUNTIME_RULES}
     _fallback_findings(report, rows, meta["RT001"], facts)
+    _dtype_findings(report, log.get("dtypes") or {}, sites, meta["RT003"], facts, target)
     if exit_code not in (0, None):
         _failure_finding(report, stderr_tail or [], sites, meta["RT002"], facts, exit_code)
     _redirect_notes(report, log.get("redirects") or [], sites)
@@ -227,6 +228,25 @@ def _fallback_findings(report: Report, rows: list[OpRow], rule: dict[str, Any], 
         detail = "; ".join(f"{o.op} ({o.calls} calls, {o.self_time_ms:.2f} ms, {o.bytes_copied} bytes copied"
                            f"{', ' + o.reason if o.reason else ''})" for o in ops)
         _add(report, rule, facts, file, line, ops[0].site.excerpt if ops[0].site else None, f" Ops: {detail}.")
+
+
+def _dtype_findings(report: Report, dtypes: dict[str, Any], sites: "_Sites", rule: dict[str, Any],
+                    facts: dict[str, str], target: str) -> None:
+    """RT003 on each project line a refused dtype came from; a note when the profile cannot judge dtypes."""
+    if dtypes and not dtypes.get("judged", True):
+        report.notes.append(Note("", "dtypes-not-judged", f"dtypes not judged on {target}: {dtypes.get('note', '')}"))
+    by_line: dict[tuple[str, int], tuple[Any, list[dict[str, Any]]]] = {}
+    for f in dtypes.get("findings") or ():
+        site = f.get("site") or {}
+        if not isinstance(site.get("file"), str) or not isinstance(site.get("line"), int):
+            continue
+        ref = sites.ref(site["file"], site["line"], site.get("function", ""), site.get("cell"))
+        if ref.in_project:
+            by_line.setdefault((ref.file, ref.line), (ref, []))[1].append(f)
+    for (file, line), (ref, found) in sorted(by_line.items(), key=lambda kv: kv[0]):
+        detail = "; ".join(f"dtype {f.get('dtype')} not on {target}: {f.get('op')} ({f.get('calls', 1)} calls)"
+                           for f in found)
+        _add(report, rule, facts, file, line, ref.excerpt, f" {detail}. {found[0].get('message', '')}")
 
 
 def _failure_finding(report: Report, tail: list[str], sites: _Sites, rule: dict[str, Any],

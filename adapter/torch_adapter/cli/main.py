@@ -46,6 +46,8 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--float16-compute", default="auto", choices=FLOAT16_COMPUTE,
                    help="what the CPU computes float16 matmuls/convolutions/attention in (default auto: its "
                         "fast dtype; float16: off)")
+    p.add_argument("--dtype-check", default="raise", choices=("raise", "record", "off"),
+                   help="--simulate: a dtype the real target refuses raises its error (default), is recorded, or not checked")
     p.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")
     p.add_argument("script", metavar="SCRIPT", help="the script (or module with -m) to run")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments passed to SCRIPT")
@@ -58,7 +60,7 @@ def _run(args: argparse.Namespace) -> int:
     return run_script(args.script, args.args, module=args.module, target=args.target, simulate=args.simulate,
                       report=args.report, report_json=args.report_json, amp_dtype=args.amp_dtype,
                       fallback=args.fallback, optimization_level=args.optimize,
-                      float16_compute=args.float16_compute, exit_guard=True)
+                      float16_compute=args.float16_compute, dtype_check=args.dtype_check, exit_guard=True)
 
 
 def _add_targets(sub: Any) -> None:

@@ -56,6 +56,8 @@ class Config:
     fallback: str = "allow"
     force_cpu: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
+    # Simulated targets: a dtype the real backend refuses raises its error | is recorded | off.
+    dtype_check: str = "raise"
     # Child processes (mp.spawn, DataLoader spawn workers, subprocesses) adapted too.
     propagate: bool = False
     # Record call sites of redirections (cheap: once per distinct call site).
@@ -92,6 +94,7 @@ class Config:
 _NAMES = frozenset(f.name for f in fields(Config)) - {"extra"}
 _CHOICES: dict[str, tuple[Any, ...]] = {"amp_dtype": AMP_POLICIES, "float16_compute": FLOAT16_COMPUTE,
                                         "fallback": ("allow", "warn", "error"),
+                                        "dtype_check": ("raise", "record", "off"),
                                         "optimization_level": OPTIMIZATION_LEVELS,
                                         "memory_strategy": MEMORY_STRATEGIES, "debug_mode": DEBUG_MODES,
                                         "memory_server": (False, True), "propagate": (False, True),
@@ -99,7 +102,8 @@ _CHOICES: dict[str, tuple[Any, ...]] = {"amp_dtype": AMP_POLICIES, "float16_comp
 _WHY = {"amp_dtype": "it decides what autocast('cuda', float16) becomes on the target",
         "propagate": "it decides whether child processes are adapted too",
         "float16_compute": "it decides what the CPU computes float16 matmuls, convolutions and attention in",
-        "fallback": "it decides what happens when the target lacks an op"}
+        "fallback": "it decides what happens when the target lacks an op",
+        "dtype_check": "it decides what a simulated target does with a dtype its real backend refuses"}
 
 
 def _call(key: str) -> str:

@@ -33,7 +33,10 @@ JSON schema ``torch-adapter.coverage`` version 1 (docs/coverage.md)::
                                   "host_selected": ""}],
                "nested_fallbacks": [{"op": "aten::sum.dim_IntList", "calls": 31, "reason": "...",
                                      "inside": ["aten::sum.dim_IntList"], "host_selected": ""}],
-               "error": null}],
+               "error": null,
+               "dtypes": {"judged": true, "note": "",   # simulated targets: calls the real one refuses
+                          "findings": [{"op": "aten::empty.memory_format", "dtype": "float64", "calls": 1,
+                                        "message": "...", "site": {...}}]}}],
      "meta": {"duration_s": 12.3}}
 
 Keys may be added within version 1; none is removed or renamed without a new version.
@@ -112,6 +115,8 @@ class CoverageRow:
     top_fallbacks: tuple[FallbackOp, ...] = ()
     nested_fallbacks: tuple[FallbackOp, ...] = ()
     error: str | None = None
+    # dtype findings (their own kind, never a route): {"judged", "note", "findings"}; {} on real targets
+    dtypes: dict[str, Any] = field(default_factory=dict)
 
     @property
     def total_calls(self) -> int:
@@ -136,7 +141,8 @@ class CoverageRow:
                 "ops": {**self.ops, "total": self.total_ops}, "ops_pct": self.ops_pct,
                 "nested_calls": dict(self.nested_calls),
                 "top_fallbacks": [f.to_dict() for f in self.top_fallbacks],
-                "nested_fallbacks": [f.to_dict() for f in self.nested_fallbacks], "error": self.error}
+                "nested_fallbacks": [f.to_dict() for f in self.nested_fallbacks], "error": self.error,
+                **({"dtypes": self.dtypes} if self.dtypes else {})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CoverageRow":
@@ -147,7 +153,7 @@ class CoverageRow:
                    nested_calls=_counts(data.get("nested_calls")),
                    top_fallbacks=tuple(FallbackOp.from_dict(f) for f in data.get("top_fallbacks") or ()),
                    nested_fallbacks=tuple(FallbackOp.from_dict(f) for f in data.get("nested_fallbacks") or ()),
-                   error=data.get("error"))
+                   error=data.get("error"), dtypes=dict(data.get("dtypes") or {}))
 
 
 @dataclass(frozen=True)

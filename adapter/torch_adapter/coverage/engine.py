@@ -113,8 +113,11 @@ def analyse(log: Any, *, top: int = 5) -> dict[str, Any]:
         best = sorted(group.items(), key=lambda kv: (-kv[1]["calls"], kv[0]))[:top]
         return tuple(FallbackOp(op, e["calls"], e["reason"], tuple(e["inside"]), host_selected(op)) for op, e in best)
 
+    dtypes = {}
+    if getattr(log, "dtype_note", None) is not None or getattr(log, "dtype_findings", None):
+        dtypes = {"judged": not log.dtype_note, "note": log.dtype_note or "", "findings": log.dtype_table()[:top]}
     return {"calls": calls, "ops": ops, "nested_calls": nested, "top_fallbacks": ranked(fallbacks[0]),
-            "nested_fallbacks": ranked(fallbacks[1])}
+            "nested_fallbacks": ranked(fallbacks[1]), "dtypes": dtypes}
 
 
 def _foreach(spec: TargetSpec) -> bool:
@@ -156,7 +159,9 @@ def _session_for(spec: TargetSpec) -> Any:
     session = torch_adapter.current()
     if session is not None and _is_session_target(session, spec):
         return contextlib.nullcontext(session)
-    return torch_adapter.adapted(spec.spec, simulate=spec.simulate)
+    # record: one step lists every call the real target refuses for its dtype, and goes on
+    return torch_adapter.adapted(spec.spec, simulate=spec.simulate,
+                                 **({"dtype_check": "record"} if spec.simulate else {}))
 
 
 def _measure_one(fam: Family, work: Workload, optimizer: Any, spec: TargetSpec, top: int) -> CoverageRow:

@@ -83,6 +83,9 @@ def fallback_lines(report: CoverageReport, *, reasons: bool = True) -> list[str]
         elif row.top_fallbacks or row.nested_fallbacks:
             lines.append(f"{row.model} on {row.target}:")
             lines += [f"  {fallback_text(f, reason=reasons)}" for f in (*row.top_fallbacks, *row.nested_fallbacks)]
+        for f in row.dtypes.get("findings", ()):  # their own kind: never a route
+            lines.append(f"{row.model} on {row.target}: dtype {f['dtype']} not on {row.target}: "
+                         f"{f['op']} ×{f['calls']}" + (f" — {f['message']}" if reasons else ""))
     return lines
 
 

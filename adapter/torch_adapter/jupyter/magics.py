@@ -40,8 +40,8 @@ class AdapterMagics(Magics):
 
     # -- %adapter -----------------------------------------------------------------------
     @magic_arguments()
-    @argument("action", nargs="?", default="status", help="status (default) | target | policy | observe")
-    @argument("value", nargs="?", help="the target name, the policy (allow|warn|error), or on|off")
+    @argument("action", nargs="?", default="status", help="status (default) | target | policy | observe | dtypes")
+    @argument("value", nargs="?", help="the target name, the policy (allow|warn|error), on|off, or raise|record|off")
     @argument("--simulate", action="store_true", help="with `target`: simulate the target on this machine")
     @line_magic
     def adapter(self, line: str = "") -> Any:
@@ -51,6 +51,8 @@ class AdapterMagics(Magics):
         ``%adapter target NAME [--simulate]`` switch target (auto, cpu, cuda, npu, xpu, mps, ...)
         ``%adapter policy allow|warn|error``  fallback policy for ops the target lacks
         ``%adapter observe on|off``           pause or resume per-cell routing reports
+        ``%adapter dtypes raise|record|off``  simulated targets: a dtype the real one refuses raises its
+                                              error, is recorded (every call listed), or is not checked
         """
         args = parse_argstring(self.adapter, line)
         from ..errors import AdapterError
@@ -82,7 +84,12 @@ class AdapterMagics(Magics):
                 raise UsageError(f"%adapter observe: expected on or off; got {args.value!r}")
             self.router.observing = args.value == "on"
             return self._changed(f"torch_adapter: per-cell routing {'on' if self.router.observing else 'off'}")
-        raise UsageError(f"%adapter: unknown action {args.action!r}; expected status, target, policy or observe "
+        if args.action == "dtypes":
+            if args.value not in ("raise", "record", "off"):
+                raise UsageError(f"%adapter dtypes: expected raise, record or off; got {args.value!r}")
+            configure(dtype_check=args.value)
+            return self._changed(f"torch_adapter: dtype check {args.value}")
+        raise UsageError(f"%adapter: unknown action {args.action!r}; expected status, target, policy, observe or dtypes "
                          "(see %adapter?)")
 
     def _changed(self, message: str) -> None:
@@ -214,6 +221,14 @@ def _log_html(log: Any, limit: int | None) -> str:
         f"<td style='text-align:right'>{_fmt_bytes(r.bytes_copied) if r.bytes_copied else ''}</td>"
         f"<td style='text-align:left'>{html.escape(r.reason)}</td>"
         f"<td style='text-align:left;white-space:nowrap'>{html.escape(site_text(r.site))}</td></tr>" for r in shown)
+    body += "".join(  # dtype findings: their own kind, never a route
+        f"<tr data-route='dtype'><td style='text-align:left'><code>{html.escape(f['op'])}</code></td>"
+        f"<td style='text-align:left;color:#6a1b9a'>dtype {html.escape(f['dtype'])}</td>"
+        f"<td style='text-align:right'>{f['calls']:,}</td><td></td><td></td>"
+        f"<td style='text-align:left'>dtype {html.escape(f['dtype'])} not on {html.escape(log.target)}: "
+        f"{html.escape(f['message'])}</td>"
+        f"<td style='text-align:left;white-space:nowrap'>{html.escape(site_text(f['site']))}</td></tr>"
+        for f in log.dtype_table())
     more = (f"<div>{len(records) - len(shown)} more entries: <code>_adapter_log.table()</code> has them all</div>"
             if len(records) > len(shown) else "")
     s = log.summary()

@@ -19,7 +19,13 @@ Schema ``torch-adapter.cell-routing`` version 1 (docs/jupyter.md)::
      "top_fallbacks": [{"op": "aten::nonzero", "calls": 3, "reason": "...",
                         "site": "train.py:12" | null}],
      "wall_ms": 12.5, "op_time_ms": 8.1, "bytes_copied": 2048,
-     "session": {"cells": 3, "native": 900, "composite": 80, "fallback": 5}}
+     "session": {"cells": 3, "native": 900, "composite": 80, "fallback": 5},
+     "dtypes": {"judged": true, "note": "", "calls": 1,              # simulated targets only
+                "findings": [{"op": "aten::empty.memory_format", "dtype": "float64", "calls": 1,
+                              "message": "...", "site": "cell [4], line 1" | null}]}}
+
+``dtypes`` is a finding kind of its own, never a route: calls the real target refuses for their
+dtype (``configure(dtype_check="record")``); ``judged`` false says the profile has no dtype data.
 
 Renderings here are pure functions of the payload.
 """
@@ -67,7 +73,28 @@ def build_payload(log: Any, *, cell_id: str | None, execution_count: int | None,
         "op_time_ms": round(sum(r.self_time_ns for r in records) / 1e6, 3),
         "bytes_copied": int(log.bytes_copied),
         "session": dict(session_totals),
+        **_dtypes(log, top),
     }
+
+
+def _dtypes(log: Any, top: int) -> dict[str, Any]:
+    """The payload's ``dtypes`` entry (absent on real targets, which judge dtypes themselves)."""
+    note = getattr(log, "dtype_note", None)
+    findings = log.dtype_table() if hasattr(log, "dtype_table") else []
+    if note is None and not findings:
+        return {}
+    return {"dtypes": {"judged": not note, "note": note or "", "calls": sum(f["calls"] for f in findings),
+                       "findings": [{"op": f["op"], "dtype": f["dtype"], "calls": f["calls"], "message": f["message"],
+                                     "site": _site(f["site"])} for f in findings[:top]]}}
+
+
+def _dtype_text(payload: dict[str, Any]) -> str:
+    d = payload.get("dtypes")
+    if not d:
+        return ""
+    if d["calls"]:
+        return f" · {d['calls']} dtype refused"
+    return "" if d["judged"] else " · dtypes not judged"
 
 
 def _label(payload: dict[str, Any]) -> str:
@@ -77,10 +104,17 @@ def _label(payload: dict[str, Any]) -> str:
 def render_text(payload: dict[str, Any]) -> str:
     c = payload["counts"]
     line = (f"torch_adapter [{_label(payload)}]: {c['native']} native · {c['composite']} composite · "
-            f"{c['fallback']} CPU fallback op calls ({payload['ops']['fallback']} distinct ops fell back)")
+            f"{c['fallback']} CPU fallback op calls ({payload['ops']['fallback']} distinct ops fell back)"
+            f"{_dtype_text(payload)}")
     for fb in payload["top_fallbacks"]:
         where = f" at {fb['site']}" if fb["site"] else ""
         line += f"\n  fallback {fb['op']} ×{fb['calls']}{where}: {fb['reason']}"
+    d = payload.get("dtypes") or {}
+    for f in d.get("findings", []):
+        where = f" at {f['site']}" if f["site"] else ""
+        line += f"\n  dtype {f['dtype']} not on {payload['target']}: {f['op']} ×{f['calls']}{where}: {f['message']}"
+    if d and not d["judged"]:
+        line += f"\n  dtypes not judged: {d['note']}"
     return line
 
 
@@ -102,7 +136,7 @@ def render_html(payload: dict[str, Any]) -> str:
         f'<div class="torch-adapter-routing" style="font-family:sans-serif;font-size:12px;'
         f'border-left:3px solid {colour};padding:2px 6px">'
         f"<b>torch_adapter</b> [{html.escape(_label(payload))}] "
-        f"{c['native']} native · {c['composite']} composite · {c['fallback']} CPU"
+        f"{c['native']} native · {c['composite']} composite · {c['fallback']} CPU{html.escape(_dtype_text(payload))}"
         f'<div style="width:240px;background:#eee">{bar}</div>'
         f"{'<ul style=margin:2px>' + tips + '</ul>' if tips else ''}</div>")
 

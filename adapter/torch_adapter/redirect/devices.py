@@ -56,6 +56,9 @@ class DeviceMapper:
         self.on_cpu = self.type == "cpu"
         self.log = log
         self.logical_index = 0  # torch.cuda.set_device() on targets with one device
+        # set by the routing layer on a simulated target: a move to it that ran no op is checked
+        # there (the dtypes the real backend refuses); redirect imports nothing of routing
+        self.moved_hook: Any = None
         self._devices: dict[int | None, torch.device] = {}
         self.device(None)  # now, outside any mode of the program
 
@@ -157,6 +160,16 @@ def _as_caller(orig: Callable, args: tuple, kwargs: dict) -> Any:
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
+def _checked(mapper: DeviceMapper, moved: Any, source: Any = None) -> Any:
+    """On a simulated target, a move to it checks the dtypes the real backend refuses, through
+    the hook the routing layer set (routing/dtype_check.py: a host-to-host move runs no op that
+    could; a tensor move that made a new tensor ran the allocation check already)."""
+    hook = mapper.moved_hook
+    if hook is None or (source is not None and moved is not source):
+        return moved
+    return hook(moved)
+
+
 def _looks_like_device(arg: Any) -> bool:
     return type(arg) is str or isinstance(arg, _DEVICE) or (type(arg) is int)
 
@@ -217,7 +230,7 @@ def _patch_tensor_to(p: Any, mapper: DeviceMapper, orig_to: Any) -> None:
         if dev is not None and (mapper.is_cuda(dev) or type(dev) is int):
             kwargs["device"] = mapper.map(dev, f"Tensor.to(device={_spell(dev)})", ints=True)
         if redirected or dev is not None and kwargs["device"] is not dev:
-            return _as_caller(orig_to, (self, *args), kwargs)
+            return _checked(mapper, _as_caller(orig_to, (self, *args), kwargs), self)
         return orig_to(self, *args, **kwargs)
 
     p.set(T, "to", functools.wraps(orig_to)(to))
@@ -234,7 +247,7 @@ def _patch_tensor_methods(p: Any, mapper: DeviceMapper, orig_to: Any) -> None:
         new = mapper.device(index)
         mapper.log.record("device", "Tensor.cuda()" if device is None else f"Tensor.cuda({device!r})",
                           str(new), depth=3)
-        return orig_to(self, new, non_blocking=non_blocking, memory_format=memory_format)
+        return _checked(mapper, orig_to(self, new, non_blocking=non_blocking, memory_format=memory_format), self)
 
     p.set(T, "cuda", cuda)
 
@@ -290,12 +303,16 @@ def _patch_module_to(p: Any, mapper: DeviceMapper) -> None:
 
     @functools.wraps(orig)
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        moved = False
         if args and (type(args[0]) is int or mapper.is_cuda(args[0])):
             args = (mapper.map(args[0], f"Module.to({_spell(args[0])})", ints=True), *args[1:])
+            moved = True
         dev = kwargs.get("device")
         if dev is not None and (type(dev) is int or mapper.is_cuda(dev)):
             kwargs["device"] = mapper.map(dev, f"Module.to(device={_spell(dev)})", ints=True)
-        return orig(self, *args, **kwargs)
+            moved = True
+        out = orig(self, *args, **kwargs)
+        return _checked(mapper, out) if moved else out
 
     p.set(torch.nn.Module, "to", to)
 

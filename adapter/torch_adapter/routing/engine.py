@@ -75,6 +75,10 @@ class Engine:
         self._libs: dict[str, Any] = {}
         self._originals: dict[str, Any] = {}  # op -> the host kernel our override replaced
         self._lock = threading.RLock()
+        from .dtype_check import DtypeCheck
+
+        self.dtype_check = DtypeCheck(self)  # dtypes the real target refuses (simulated targets)
+        self.log.dtype_note = self._dtype_note()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def reconfigure(self, config: Any) -> None:
@@ -95,9 +99,19 @@ class Engine:
         with self._lock:
             self._install()
 
+    def _dtype_note(self) -> str | None:
+        """None on a real target (its backend judges); "" when the simulated profile has dtype
+        data; otherwise why the preview cannot judge dtypes."""
+        if not self.simulated:
+            return None
+        if self.profile.dtypes is None:
+            return self.profile.dtype_note or f"no dtype data for {self.profile.name}"
+        return "" if self.dtype_check.mode != "off" else 'configure(dtype_check="off")'
+
     def detach(self) -> None:
         """Remove every kernel this engine registered; torch dispatches as before."""
         with self._lock:
+            self.dtype_check.detach()
             for lib in self._libs.values():
                 lib._destroy()
             self._libs.clear()
@@ -143,6 +157,9 @@ class Engine:
             for lib in old_libs.values():
                 lib._destroy()
         self.overrides = overrides
+        self.dtype_check.install(getattr(self._config, "dtype_check", "raise"))  # on top of the overrides
+        for log in self.logs:
+            log.dtype_note = self._dtype_note()
 
     def _register_overrides(self) -> dict[str, RouteDecision]:
         overrides: dict[str, RouteDecision] = {}
@@ -318,6 +335,8 @@ class Engine:
     # -- recording ----------------------------------------------------------------------------
     def add_log(self, log: RoutingLog) -> None:
         with self._lock:
+            if log.dtype_note is None:
+                log.dtype_note = self._dtype_note()
             self.logs = [*self.logs, log]
 
     def remove_log(self, log: RoutingLog) -> None:
@@ -348,4 +367,9 @@ def attach(session: Any) -> Engine:
     """Called by the session when ops must be enforced; returns the engine (the handle)."""
     engine = Engine(session)
     engine.reconfigure(session.config)
+    mapper = getattr(session, "device_mapper", None)
+    if mapper is not None and session.target.simulated:  # moves that run no op: checked as the real copy would be
+        from .dtype_check import check_moved
+
+        mapper.moved_hook = check_moved
     return engine

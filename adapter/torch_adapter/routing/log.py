@@ -13,7 +13,13 @@ JSON schema ``torch-adapter.routing-log`` version 1::
      "ops": [{"op": "aten::add.Tensor", "route": "native", "calls": 10, "self_time_ms": 0.4,
               "bytes_copied": 0, "bytes_to_cpu": 0, "bytes_from_cpu": 0,
               "reason": "...", "via": "MPS", "parent": null,
-              "site": {"file": "train.py", "line": 12, "function": "step"}}]}
+              "site": {"file": "train.py", "line": 12, "function": "step"}}],
+     "dtypes": {"judged": true, "note": "",                              # only on simulated targets
+                "findings": [{"op": "aten::empty.memory_format", "dtype": "float64", "calls": 1,
+                              "error": "TypeError", "message": "...", "source": "...", "site": {...}}]}}
+
+Dtype findings are their own kind, never a route: a call the real target would refuse for its
+dtype (``routing/dtype_check.py``), recorded under ``configure(dtype_check="record")``.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["OpRecord", "RoutingLog", "SCHEMA", "VERSION", "user_site"]
+__all__ = ["OpRecord", "DtypeFinding", "RoutingLog", "SCHEMA", "VERSION", "user_site"]
 
 SCHEMA = "torch-adapter.routing-log"
 VERSION = 1
@@ -64,6 +70,27 @@ class OpRecord:
                 "reason": self.reason, "via": self.via, "site": self.site, "parent": self.parent}
 
 
+@dataclass
+class DtypeFinding:
+    """Calls the real target refuses for their dtype ("dtype float64 not on mps"), per (op, dtype, site)."""
+
+    op: str
+    dtype: str
+    calls: int = 0
+    error: str = ""
+    message: str = ""
+    source: str = ""
+    site: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "dtype": self.dtype, "calls": self.calls, "error": self.error,
+                "message": self.message, "source": self.source, "site": self.site}
+
+
+def _site_key(site: dict[str, Any] | None) -> tuple[Any, Any]:
+    return (site.get("file"), site.get("line")) if site else (None, None)
+
+
 def _route(route: Any) -> str:
     value = getattr(route, "value", route)
     if value not in _ROUTES:
@@ -82,6 +109,8 @@ class RoutingLog:
         self.simulated = simulated
         self.entries: dict[tuple[str, str, str | None], OpRecord] = {}
         self.meta: dict[str, Any] = {}
+        self.dtype_findings: dict[tuple[Any, ...], DtypeFinding] = {}
+        self.dtype_note: str | None = None  # None: not judged (real target); "": judged; else why not
         self._lock = threading.Lock()
 
     # -- filling -------------------------------------------------------------------------
@@ -109,8 +138,35 @@ class RoutingLog:
         """:meth:`add` with op, route, reason and via taken from a RouteDecision."""
         return self.add(decision.op, decision.route, reason=decision.reason, via=decision.via, **counts)
 
+    def add_dtype(self, op: str, dtype: str, *, calls: int = 1, error: str = "", message: str = "",
+                  source: str = "", site: dict[str, Any] | None = None) -> DtypeFinding:
+        """Count a call the target refuses for its dtype (one entry per op, dtype and site)."""
+        key = (op, dtype, *_site_key(site))
+        with self._lock:
+            rec = self.dtype_findings.get(key)
+            if rec is None:
+                rec = self.dtype_findings[key] = DtypeFinding(op, dtype, error=error, message=message,
+                                                              source=source, site=site)
+            rec.calls += calls
+        return rec
+
+    def dtype_table(self) -> list[dict[str, Any]]:
+        """The dtype findings, most calls first."""
+        rows = sorted(self.dtype_findings.values(), key=lambda r: (-r.calls, r.dtype, r.op))
+        return [r.as_dict() for r in rows]
+
+    def merge_dtypes(self, other: "RoutingLog") -> "RoutingLog":
+        """Add ``other``'s dtype findings (and its judged/not-judged note, if this log has none)."""
+        for f in list(other.dtype_findings.values()):
+            self.add_dtype(f.op, f.dtype, calls=f.calls, error=f.error, message=f.message, source=f.source,
+                           site=f.site)
+        if self.dtype_note is None:
+            self.dtype_note = other.dtype_note
+        return self
+
     def merge(self, other: "RoutingLog") -> "RoutingLog":
         """Add every entry of ``other`` to this log (sites: the first one seen wins). Returns self."""
+        self.merge_dtypes(other)
         for rec in list(other.entries.values()):
             self.add(rec.op, rec.route, calls=rec.calls, self_time_ns=rec.self_time_ns,
                      bytes_to_cpu=rec.bytes_to_cpu, bytes_from_cpu=rec.bytes_from_cpu, reason=rec.reason,
@@ -120,6 +176,7 @@ class RoutingLog:
     def clear(self) -> None:
         with self._lock:
             self.entries.clear()
+            self.dtype_findings.clear()
 
     # -- reading ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -154,6 +211,9 @@ class RoutingLog:
                "summary": self.summary(), "ops": self.table()}
         if self.meta:
             out["meta"] = dict(self.meta)
+        if self.dtype_note is not None or self.dtype_findings:
+            out["dtypes"] = {"judged": not self.dtype_note, "note": self.dtype_note or "",
+                             "findings": self.dtype_table()}
         return out
 
     def to_json(self, indent: int | None = None) -> str:
@@ -171,6 +231,12 @@ class RoutingLog:
                 fix="pass the output of RoutingLog.to_dict()/to_json()"))
         log = cls(data.get("target", ""), bool(data.get("simulated", False)))
         log.meta = dict(data.get("meta") or {})
+        dtypes = data.get("dtypes")
+        if dtypes:
+            log.dtype_note = dtypes.get("note", "")
+            for f in dtypes.get("findings", []):
+                log.add_dtype(f["op"], f["dtype"], calls=f.get("calls", 1), error=f.get("error", ""),
+                              message=f.get("message", ""), source=f.get("source", ""), site=f.get("site"))
         for row in data.get("ops", []):
             log.add(row["op"], row["route"], calls=row["calls"], self_time_ns=round(row["self_time_ms"] * 1e6),
                     bytes_to_cpu=row.get("bytes_to_cpu", row["bytes_copied"]),
@@ -220,6 +286,10 @@ def rich_table(log: RoutingLog, limit: int | None = 40) -> Any:
     title = (f"Routing on {log.target or '?'}{' (simulated)' if log.simulated else ''}: "
              f"{s['native']} native · {s['composite']} composite · {s['fallback']} fallback calls · "
              f"{_fmt_bytes(log.bytes_copied)} copied")
+    if log.dtype_findings:
+        title += f" · {sum(f.calls for f in log.dtype_findings.values())} calls with a dtype {log.target} refuses"
+    elif log.dtype_note:
+        title += " · dtypes not judged"
     table = Table(title=title, show_lines=False)
     for col, justify in (("op", "left"), ("route", "left"), ("calls", "right"), ("self ms", "right"),
                          ("copied", "right"), ("reason", "left"), ("first call site", "left")):
@@ -231,6 +301,9 @@ def rich_table(log: RoutingLog, limit: int | None = 40) -> Any:
         op = f"  └ {rec.op}" if rec.parent else rec.op
         table.add_row(op, f"[{style[rec.route]}]{rec.route}[/]", str(rec.calls), f"{rec.self_time_ns / 1e6:.2f}",
                       _fmt_bytes(rec.bytes_copied) if rec.bytes_copied else "", rec.reason, site)
+    for f in log.dtype_findings.values():  # their own kind: never a route
+        table.add_row(f.op, f"[magenta]dtype {f.dtype}[/]", str(f.calls), "", "",
+                      f"dtype {f.dtype} not on {log.target}: {f.message}", site_text(f.site, short=True))
     if limit and len(records) > limit:
         table.caption = f"{len(records) - limit} more entries: log.table() has them all"
     return table

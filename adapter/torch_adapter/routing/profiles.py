@@ -20,6 +20,12 @@ Three sources, one type (:class:`CapabilityProfile`):
       native = ["aten::add.*"]        # ops added as native (fnmatch globs)
       not_native = ["aten::_fused_*"] # ops removed from native
       fallback = ["aten::nonzero"]    # ops forced to the CPU
+      [dtypes]                        # optional: dtype capability (routing/dtype_profile.py)
+      fp64 = false
+
+Each profile also carries its dtype capability (:mod:`.dtypes`, ``profile.dtypes``; None:
+the preview cannot judge dtypes, ``profile.dtype_note`` says why). Device variants of the
+built-ins are profiles of their own: ``mps-macos13``, ``xpu-arc`` (:data:`VARIANTS`).
 
 Invalid files raise :class:`~torch_adapter.errors.ProfileError` naming the file, the key
 and the value.
@@ -38,7 +44,7 @@ from ..errors import ProfileError, UsageError, format_error
 from . import ops_table
 
 __all__ = ["CapabilityProfile", "BUILTIN", "load_profile", "live_profile", "profile_for",
-           "simulated_rows", "match_ops", "builtin_names"]
+           "simulated_rows", "match_ops", "builtin_names", "VARIANTS"]
 
 # built-in simulated profile -> (dispatch key, complete?, note)
 BUILTIN: dict[str, tuple[str, bool, str]] = {
@@ -51,7 +57,9 @@ BUILTIN: dict[str, tuple[str, bool, str]] = {
 }
 # built-in profiles whose native ops come from a vendor table (routing/vendor_ops.json)
 VENDOR = ("npu", "xpu")
-_TOML_KEYS = {"name", "base", "dispatch_key", "description", "native", "not_native", "fallback"}
+_TOML_KEYS = {"name", "base", "dispatch_key", "description", "native", "not_native", "fallback", "dtypes"}
+# device variants: a built-in profile's ops with another dtype capability (routing/dtypes.py)
+VARIANTS: dict[str, tuple[str, str]] = {"mps-macos13": ("mps", "macos13"), "xpu-arc": ("xpu", "arc")}
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,6 +80,8 @@ class CapabilityProfile:
     notes: tuple[str, ...] = ()  # the table's limits and version notes (shown by `targets`)
     listed: int = 0  # overloads the vendor table lists for this torch (0: no vendor table)
     vendor: str = ""
+    dtypes: Any = field(default=None, repr=False)  # routing.dtypes.DtypeCaps; None: no dtype data
+    dtype_note: str = ""  # why there is no dtype data
 
     @property
     def native_count(self) -> int:
@@ -97,6 +107,18 @@ def builtin_names() -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def _builtin(name: str) -> CapabilityProfile:
+    from dataclasses import replace
+
+    from . import dtypes
+
+    if name in VARIANTS:
+        base, variant = VARIANTS[name]
+        return replace(_builtin(base), name=name, dtypes=dtypes.caps_for(base, variant))
+    profile = _builtin_ops(name)
+    return replace(profile, dtypes=dtypes.caps_for(name), dtype_note=dtypes.NO_DATA.get(name, ""))
+
+
+def _builtin_ops(name: str) -> CapabilityProfile:
     import torch
 
     key, complete, note = BUILTIN[name]
@@ -150,12 +172,17 @@ def _vendor_profile(name: str, key: str, own: frozenset[str], version: str,
 
 @functools.lru_cache(maxsize=None)
 def live_profile(name: str, dispatch_key: str) -> CapabilityProfile:
-    """The profile of a real target, snapshotted from the dispatcher (cached per process)."""
+    """The profile of a real target, snapshotted from the dispatcher (cached per process);
+    its dtype capability where torch can tell (:func:`.dtypes.live_caps`)."""
+    from . import dtypes
+
     names = all_op_names()
     native = frozenset(n for n in names if has_kernel_for_key(n, dispatch_key))
+    caps = dtypes.live_caps(name)
     return CapabilityProfile(name=name, dispatch_key=dispatch_key, native=native,
                              source=f"live dispatcher ({dispatch_key})", live=True,
-                             known=frozenset(names))
+                             known=frozenset(names), dtypes=caps,
+                             dtype_note="" if caps else f"no dtype data for {name}: the real backend raises its own errors")
 
 
 def profile_for(target: Any) -> CapabilityProfile:
@@ -170,13 +197,13 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> CapabilityProfile:
     """A built-in profile by name (``"mps"``) or a user profile from a ``.toml`` file."""
     text = os.fspath(name_or_path)
     key = text.strip().lower()
-    if key in BUILTIN:
+    if key in BUILTIN or key in VARIANTS:
         return _builtin(key)
     if text.endswith(".toml") or os.path.sep in text:
         return _load_toml(os.path.abspath(text), ())
     raise UsageError(format_error(
         f"torch_adapter.routing.load_profile({text!r})",
-        f"a built-in profile ({', '.join(BUILTIN)}) or a path to a .toml profile", repr(text),
+        f"a built-in profile ({', '.join([*BUILTIN, *VARIANTS])}) or a path to a .toml profile", repr(text),
         why="simulated targets need a capability profile to say which ops are native",
         fix='e.g. install(target="mps", simulate=True) or install(target="my_npu.toml", simulate=True)'))
 
@@ -257,7 +284,7 @@ def _parse_toml(path: str, chain: tuple[str, ...]) -> CapabilityProfile:
     if base_name is not None:
         if not isinstance(base_name, str):
             raise _fail(path, "base", base_name, f"one of {list(BUILTIN)} or a .toml path")
-        if base_name.lower() in BUILTIN:
+        if base_name.lower() in BUILTIN or base_name.lower() in VARIANTS:
             base = _builtin(base_name.lower())
         elif base_name.endswith(".toml"):
             base_path = os.path.join(os.path.dirname(path), base_name)
@@ -289,9 +316,15 @@ def _parse_toml(path: str, chain: tuple[str, ...]) -> CapabilityProfile:
     native = (set(base.native) if base else set()) | resolved["native"]
     native -= resolved["not_native"]
     forced = (set(base.forced_fallback) if base else set()) | resolved["fallback"]
+    from .dtype_profile import parse_dtypes
+
+    caps, dtype_note = parse_dtypes(path, data, name.strip(), base,
+                                    lambda k, v, e, fix="": _fail(path, k, v, e, fix=fix),
+                                    lambda pattern: match_ops([pattern], names)[pattern])
     return CapabilityProfile(name=name.strip(), dispatch_key=key, native=frozenset(native), source=path,
                              forced_fallback=frozenset(forced), complete=base.complete if base else True,
-                             base=base.name if base else None, description=description)
+                             base=base.name if base else None, description=description,
+                             dtypes=caps, dtype_note=dtype_note)
 
 
 def _check_dispatch_key(path: str, key: str) -> None:
@@ -330,6 +363,10 @@ def simulated_rows(host: Any) -> list[dict[str, Any]]:
         if profile.listed:
             details["vendor"] = profile.vendor
             details["vendor_listed"] = profile.listed
+        details["dtypes"] = profile.dtypes.summary() if profile.dtypes else f"cannot judge: {profile.dtype_note}"
+        variants = [v for v, (b, _) in VARIANTS.items() if b == name]
+        if variants:
+            details["variants"] = {v: _builtin(v).dtypes.summary() for v in variants}
         rows.append({"name": name, "present": True, "simulated": True, "device": host.device_type,
                      "devices": 1, "dist_backend": host.dist_backend, "details": details,  # runs on the host
                      "native_ops": profile.native_count, "composite_ops": counts[Route.COMPOSITE],

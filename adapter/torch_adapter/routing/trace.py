@@ -229,6 +229,8 @@ def trace(*, use_observer: bool | None = None, threads: bool | None = None) -> I
                 if engine is not None:
                     engine.remove_log(engine_log)
                 _fill_from_observer(log, result, decide, engine_log)
+                if engine_log is not None:
+                    log.merge_dtypes(engine_log)
                 log.meta.update(source=f"observer:{result.backend}" + ("+engine" if engine is not None else ""),
                                 duration_s=round(time.perf_counter() - t0, 6))
         else:

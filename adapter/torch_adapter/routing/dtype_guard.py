@@ -1,0 +1,83 @@
+"""The C++ dtype guard (``_dtype_guard.cpp``): the dtype check of a simulated target's
+allocation ops without a Python call for supported dtypes.
+
+Built at first use with ``torch.utils.cpp_extension`` (cached per source and torch version,
+as the op observer is); where it cannot be built (no compiler, no ninja) or
+``TORCH_ADAPTER_DTYPE_GUARD=python`` is set, :mod:`.dtype_check` registers Python kernels
+instead (same behaviour, a Python call per allocation). ``python -m
+torch_adapter.routing.dtype_guard --build`` pays the compile once (CI, images).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+__all__ = ["load", "build", "is_built", "ENV"]
+
+ENV = "TORCH_ADAPTER_DTYPE_GUARD"  # "python": never the C++ guard
+_SOURCE = Path(__file__).with_name("_dtype_guard.cpp")
+_LOCK = threading.Lock()
+_EXT: Any = None
+_ERROR: str | None = None
+
+
+def _name() -> str:
+    import torch
+
+    digest = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    return f"torch_adapter_dtype_guard_{digest}"
+
+
+def is_built() -> bool:
+    from ..core.torch_private import extension_build_dir
+
+    directory = extension_build_dir(_name())
+    return any(directory.glob(f"{_name()}*.so")) or any(directory.glob(f"{_name()}*.pyd"))
+
+
+def load(*, strict: bool = False) -> Any:
+    """The extension module (built on first use), or None: then the Python kernels are used."""
+    global _EXT, _ERROR
+    if os.environ.get(ENV) == "python" and not strict:
+        return None
+    with _LOCK:
+        if _EXT is not None or (_ERROR is not None and not strict):
+            return _EXT
+        from ..core.torch_private import can_build_extensions, load_extension
+
+        try:
+            if not is_built():
+                if not can_build_extensions():
+                    raise RuntimeError("no C++ compiler ($CXX, else c++) or no ninja on this machine")
+                print("torch_adapter: compiling the C++ dtype guard (once, then cached)...", file=sys.stderr, flush=True)
+            _EXT = load_extension(_name(), _SOURCE)
+        except Exception as exc:  # no compiler, a build error: the Python kernels do the same
+            from ..errors import AdapterError, format_error
+
+            _ERROR = format_error("torch_adapter.routing.dtype_guard (building the C++ dtype guard)",
+                                  "a C++ compiler and ninja that build a torch extension",
+                                  f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1:] or ''}",
+                                  why="the allocation check of simulated targets is cheapest in C++",
+                                  fix="install g++ and ninja; meanwhile Python kernels check dtypes (slower)")
+            if strict:
+                raise AdapterError(_ERROR) from exc
+        return _EXT
+
+
+def build() -> Path:
+    """Compile (or load the cached) guard now; AdapterError when it cannot be built."""
+    from ..core.torch_private import extension_build_dir
+
+    load(strict=True)
+    return extension_build_dir(_name())
+
+
+if __name__ == "__main__":  # python -m torch_adapter.routing.dtype_guard --build
+    if sys.argv[1:] != ["--build"]:
+        sys.exit("usage: python -m torch_adapter.routing.dtype_guard --build")
+    print(build())
