@@ -152,11 +152,13 @@ class FallbackCounter:
 
 
 def _called_from(site: dict[str, Any] | None, at: bool = True) -> str:
-    """``", from `torch.pdist(emb)` at cell [7], line 2"``: the user's call that reached the op."""
+    """``", from `torch.pdist(emb)` at cell [7], line 2"`` (``at=False``: ``" (from `torch.pdist(emb)`)"``):
+    the user's call that reached the op."""
     from ..core.callsite import site_text
 
     if not site:
         return ""
     call = f" `{site['call']}`" if site.get("call") else ""
-    where = f" at {site_text(site)}" if at else ""
-    return f" (from{call}{where})" if call or where else ""
+    if not at:
+        return f" (from{call})" if call else ""
+    return f", from{call} at {site_text(site)}"
