@@ -78,7 +78,8 @@ CELLS = {
     "typo": "%adapter policy wrn",
     "unload": "%unload_ext torch_adapter\nip = get_ipython()\n"
               "print('formatter restored:', 'structured_traceback' not in vars(ip.InteractiveTB))\n"
-              "print('formatwarning restored:', warnings.formatwarning is warnings._formatwarning_orig)",
+              "print('formatwarning restored:', warnings.formatwarning is warnings._formatwarning_orig)\n"
+              "from torch_adapter.core.callsite import running_as\nprint('fixes worded for:', running_as())",
 }
 RAISES = ("nan", "strict", "own-fallback", "compare")
 
@@ -174,6 +175,7 @@ def test_a_misspelt_magic_value_is_answered_and_unload_restores(cells):
                                      "(did you mean 'warn'?)\n"
     out = "".join(o.text for o in cells["unload"].outputs if o.output_type == "stream")
     assert "formatter restored: True" in out and "formatwarning restored: True" in out
+    assert "fixes worded for: python" in out  # no magics any more: the option is named again
 
 
 # -- the command line ----------------------------------------------------------------------------

@@ -219,14 +219,13 @@ def library_text(site: dict[str, Any] | None) -> str:
     return ""
 
 
-# How the program was started: "cli" while `torch-adapter run` runs a script (set by the
-# runner); otherwise a notebook when the user's line is a cell, else plain Python.
+# Where the user drives the adapter from, innermost last: "cli" while `torch-adapter run` runs a
+# script (the runner), "notebook" while the Jupyter extension — and so its magics — is loaded
+# (jupyter/user_view.py); nothing: plain Python.
 front: list[str] = []
 
 
-def running_as(site: dict[str, Any] | None = None) -> str:
-    """``"notebook"`` (the user's line is a notebook cell), ``"cli"`` (`torch-adapter run`) or
-    ``"python"``: where the user is, so that a fix can be worded for it (errors.fix_for)."""
-    if site is not None and (site.get("cell") is not None or cell_of(str(site.get("file"))) is not None):
-        return "notebook"
+def running_as() -> str:
+    """``"notebook"``, ``"cli"`` or ``"python"``: where the user is, so that a fix can be worded
+    for it (:func:`torch_adapter.errors.setting`)."""
     return front[-1] if front else "python"

@@ -1,5 +1,7 @@
 """What a notebook user sees of errors and warnings while the extension is loaded.
 
+- **Fixes** in the adapter's messages name the magics (``%adapter policy warn``), which exist
+  while the extension is loaded (``core.callsite.running_as`` says "notebook").
 - **Tracebacks** leave out the adapter's own frames (:mod:`torch_adapter.core.tracebacks`):
   the shell's traceback formatter (``shell.InteractiveTB``) gets the trimmed chain; the
   exception itself and ``sys.last_traceback`` keep every frame, so ``%debug`` still
@@ -55,6 +57,10 @@ def install(shell: Any) -> None:
     """Trim tracebacks shown by ``shell`` and name cells in warnings (idempotent)."""
     if _STATE:
         return
+    from ..core.callsite import front
+
+    front.append("notebook")  # fixes in messages name the magics (errors.setting)
+    _STATE["front"] = True
     tb = getattr(shell, "InteractiveTB", None)
     if tb is not None and hasattr(tb, "structured_traceback"):
         had = "structured_traceback" in vars(tb)
@@ -73,6 +79,11 @@ def uninstall() -> None:
                 tb.structured_traceback = before
             else:
                 del tb.structured_traceback
+    if _STATE.get("front"):
+        from ..core.callsite import front
+
+        if "notebook" in front:
+            del front[len(front) - 1 - front[::-1].index("notebook")]  # the innermost one
     if "warn" in _STATE:
         before = _STATE.pop("warn")
         if getattr(warnings.formatwarning, "__torch_adapter__", False):

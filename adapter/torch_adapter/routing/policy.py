@@ -118,7 +118,7 @@ class FallbackCounter:
             from ..core.callsite import running_as, user_site
 
             site = user_site(call=True)
-            where = running_as(site)
+            where = running_as()
             why = "it is in configure(deny=...)" if op in policy.deny else 'the fallback policy is "error"'
             call = f"`{site['call']}`" if site and site.get("call") else "this call"
             if op in policy.deny:
@@ -147,7 +147,7 @@ class FallbackCounter:
                 f"{op}{_called_from(site, at=False)} ran on the CPU on {self.target}: call {n} of this op so far, "
                 f"{total / 1e6:.3g} MB copied ({decision.reason}). Next warning at call {2 * n}. "
                 f"Fix: register an implementation with torch_adapter.register_fallback({op!r}), "
-                f"or silence with {setting('fallback', 'allow', running_as(site))}.",
+                f"or silence with {setting('fallback', 'allow', running_as())}.",
                 FallbackWarning, site["file"], site["line"])
 
 
