@@ -86,7 +86,7 @@ def user_site(depth: int = 1, *, call: bool = False) -> dict[str, Any] | None:
     (``{"file", "line", "function"}``). ``call=True`` adds ``"call"``: the expression the user's
     line is running (``torch.pdist(emb)``, see :func:`user_call`), when the source says."""
     frame, library = site_frames(depth + 1)
-    if frame is None or _frame_kind(frame.f_code.co_filename) == "skip":
+    if library is None and _frame_kind(frame.f_code.co_filename) == "skip":  # no user or library frame
         return None
     site = _site_of(frame)
     if library is not None:
@@ -140,8 +140,18 @@ def _library_dirs() -> tuple[str, ...]:
     return _LIBS
 
 
+_KINDS: dict[str, str] = {}  # file name -> its kind: a stack walk classifies each file once
+
+
 def _frame_kind(path: str) -> str:
     """"user", "library" (an installed package other than torch, torch_adapter, IPython...) or "skip"."""
+    kind = _KINDS.get(path)
+    if kind is None:
+        kind = _KINDS[path] = _classify(path)
+    return kind
+
+
+def _classify(path: str) -> str:
     if path.startswith("<"):
         return "user" if _is_user(path) else "skip"
     full = os.path.abspath(path)
