@@ -207,7 +207,7 @@ def test_run_prints_the_scripts_frames_only_and_its_flag(tmp_path):
 
 
 # -- the rule, names, sites -------------------------------------------------------------------
-def test_hidden_frames_rule():
+def test_hidden_frames_rule(monkeypatch):
     user, lib = "/home/me/train.py", os.path.join(TORCH, "nn", "modules", "module.py")
     wrap, own = os.path.join(TORCH, "_compile.py"), os.path.join(PACKAGE, "tools", "debug.py")
     # raised by the adapter under torch's wrappers: cut at the user's last line
@@ -216,6 +216,8 @@ def test_hidden_frames_rule():
     assert tracebacks.hidden([user, own, own, user]) == {1, 2}
     # no adapter frame: nothing hidden, torch's own error is torch's
     assert tracebacks.hidden([user, lib, wrap]) == set()
+    monkeypatch.setenv("TORCH_ADAPTER_TRACEBACKS", "full")  # for a report of an adapter bug: every frame
+    assert tracebacks.hidden([user, lib, user, wrap, own, own]) == set()
 
 
 def test_did_you_mean_for_options_targets_and_ops():

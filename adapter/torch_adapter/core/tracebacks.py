@@ -11,7 +11,8 @@ the user's line, then the message. Exceptions raised by torch or the user's code
 adapter frame on the traceback are shown untouched.
 
 Used by the notebook extension (the traceback IPython shows; ``%debug`` still gets every
-frame) and by ``torch-adapter run`` (the traceback it prints).
+frame) and by ``torch-adapter run`` (the traceback it prints). ``TORCH_ADAPTER_TRACEBACKS=full``
+shows every frame (for a report of an adapter bug).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import Any, Sequence
 
 from .callsite import PACKAGE_DIR, _is_user
 
-__all__ = ["hidden", "user_traceback", "trim_exception"]
+__all__ = ["hidden", "user_traceback", "trim_exception", "FULL"]
 
+FULL = "TORCH_ADAPTER_TRACEBACKS"  # "full": hide nothing
 _OWN = PACKAGE_DIR + os.sep
 
 
@@ -34,7 +36,7 @@ def _own(filename: str) -> bool:
 def hidden(filenames: Sequence[str]) -> set[int]:
     """Which frames of a traceback (outermost first, by file name) are not shown."""
     own = [_own(f) for f in filenames]
-    if not any(own):
+    if not any(own) or os.environ.get(FULL) == "full":
         return set()
     users = [i for i, f in enumerate(filenames) if not own[i] and _is_user(f)]
     drop = {i for i, o in enumerate(own) if o}
