@@ -3,8 +3,11 @@
 Skipped: torch, torch_adapter, the standard library, IPython/ipykernel internals, and
 synthetic ``<frozen ...>``/``<string>`` code. Notebook cells are user code: their
 filenames are ``<ipython-input-N-...>`` (terminal IPython) or a file under the kernel's
-temp folder (ipykernel), and both are kept. Only called when something is recorded for
-the first time at a site, never per op.
+temp folder (ipykernel), and both are kept. A site (:func:`user_site`) is the user's own
+line — the script or cell, not an installed package — with the installed library's line it
+went through beside it (``"library"``), and is shown as ``cell [N], line L`` or a file
+relative to site-packages (:func:`site_text`). Only called when something is recorded for
+the first time at a site, never per op; each file is classified once.
 """
 
 from __future__ import annotations
@@ -114,12 +117,12 @@ def user_call(frame: Any) -> str | None:
         return None
     if start is None or end is None or col is None or end_col is None or end - start > 5:
         return None
-    lines = [linecache.getline(frame.f_code.co_filename, n) for n in range(start, end + 1)]
+    lines = [linecache.getline(frame.f_code.co_filename, n).encode() for n in range(start, end + 1)]
     if not all(lines):
         return None
-    lines[-1] = lines[-1][:end_col]
+    lines[-1] = lines[-1][:end_col]  # the offsets count UTF-8 bytes
     lines[0] = lines[0][col:]
-    text = " ".join(line.strip() for line in lines).strip()
+    text = " ".join(line.decode(errors="replace").strip() for line in lines).strip()
     return text if 0 < len(text) <= 120 else (text[:117] + "..." if text else None)
 
 
