@@ -62,7 +62,8 @@ def test_nan_names_op_route_module_path_and_line():
     unet = UNetish()
     x = torch.randn(3, 4)
     debug.enable_nan_check()
-    with pytest.raises(NumericsError, match=r"(?s)^aten::log \(forward in unet\.down_blocks\.0\.attentions\.0\) at "
+    with pytest.raises(NumericsError, match=r"(?s)^aten::log \(forward in unet\.down_blocks\.0\.attentions\.0\) "
+                                                r"from `torch\.log\(self\.proj\(x\)\)` at "
                                             r".*test_debug\.py:\d+: expected finite values from inputs without NaN, "
                                             r"got \d+ NaN among 12 elements.*Why: it ran by route native \(cpu has its "
                                             r"own CPU kernel\).*first op that produced a NaN.*Fix: "):
@@ -86,7 +87,8 @@ def test_route_comes_from_the_simulated_target():
 def test_backward_op_is_named_with_its_autograd_node():
     y = torch.tensor([0.0, 4.0], requires_grad=True)
     debug.enable_nan_check()
-    with pytest.raises(NumericsError, match=r"(?s)^aten::\w+(\.\w+)? \(backward of SqrtBackward0\) at "
+    with pytest.raises(NumericsError, match=r"(?s)^aten::\w+(\.\w+)? \(backward of SqrtBackward0\) "
+                                            r"from `y\.sqrt\(\)\.sum\(\)\.backward\(\)` at "
                                             r".*test_debug\.py.*produced an Inf"):
         y.sqrt().sum().backward()  # BACKWARD-LINE
     assert debug.findings()[-1].site["line"] == _line("BACKWARD-LINE")
@@ -140,7 +142,8 @@ def test_cpu_compare_catches_a_route_that_computes_something_else():
     debug.enable_cpu_compare(routes=("composite", "fallback"))
     x = torch.randn(4, 4)
     torch.special.log_ndtr(x)  # composite by decomposition: agrees within float32 tolerance
-    with pytest.raises(NumericsError, match=r"(?s)^aten::heaviside \(forward\) at .*: expected the same result as the "
+    with pytest.raises(NumericsError, match=r"(?s)^aten::heaviside \(forward\) from "
+                                            r"`torch\.heaviside\(x, torch\.zeros\(\(\)\)\)` at .*: expected the same result as the "
                                             r"CPU's plain aten kernel, got output 0 \(torch.float32, shape \[4, 4\]\): "
                                             r"\d+ of 16 elements differ; the largest \|difference\| is 1.*Why: on the "
                                             r"target it "

@@ -26,17 +26,23 @@ def test_warn_carries_running_counts_and_is_never_silenced():
             _eigh()
     msgs = [str(w.message) for w in caught if issubclass(w.category, FallbackWarning)]
     assert [m.split(": call ")[1].split(" ")[0] for m in msgs] == ["1", "2", "4", "8"]
-    assert msgs[0].startswith("aten::_linalg_eigh ran on the CPU on mps (simulated on cpu)")
+    # the op, then the user's call that reached it (the line inside _eigh), then what happened
+    assert msgs[0].startswith("aten::_linalg_eigh (from `torch.linalg.eigh(x @ x.T)`) ran on the CPU on mps "
+                              "(simulated on cpu)"), msgs[0]
+    assert "silence with `torch_adapter.configure(fallback='allow')`" in msgs[0]  # plain Python: the option
     assert "MB copied" in msgs[0] and "register_fallback('aten::_linalg_eigh')" in msgs[0]
     assert {w.filename for w in caught} == {__file__}  # points at the user's line
 
 
 def test_error_names_op_target_reason_and_ways_out():
     torch_adapter.install(target="mps", simulate=True, fallback="error")
-    with pytest.raises(FallbackError, match=r"(?s)aten::_linalg_eigh on mps \(simulated on cpu\): expected an op the "
-                                            r"target runs natively.*no MPS kernel and no decomposition.*"
-                                            r"fallback policy is \"error\".*register_fallback\('aten::_linalg_eigh'\)"
-                                            r".*configure\(fallback='warn'\)"):
+    with pytest.raises(FallbackError, match=r"(?s)aten::_linalg_eigh on mps \(simulated on cpu\), from "
+                                            r"`torch\.linalg\.eigh\(x @ x\.T\)` at .*test_routing_policy\.py:\d+: "
+                                            r"expected an op the target runs natively.*no MPS kernel and no "
+                                            r"decomposition.*fallback policy is \"error\".*Fix: to let "
+                                            r"`torch\.linalg\.eigh\(x @ x\.T\)` run aten::_linalg_eigh on the CPU, "
+                                            r"`torch_adapter\.configure\(fallback='warn'\)`.*"
+                                            r"register_fallback\('aten::_linalg_eigh'\)"):
         _eigh()
     torch.heaviside(torch.randn(3), torch.tensor(0.0))  # composite ops are fine under "error"
 

@@ -31,6 +31,8 @@ the fix. :func:`format_error` assembles them so that all messages read alike.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 __all__ = [
     "AdapterError",
     "UsageError",
@@ -46,6 +48,8 @@ __all__ = [
     "RestoreError",
     "NumericsError",
     "format_error",
+    "did_you_mean",
+    "setting",
 ]
 
 
@@ -129,3 +133,34 @@ def format_error(call: str, expected: str, got: str, why: str = "", fix: str = "
     if fix:
         parts.append(f"Fix: {fix}")
     return "\n".join(parts)
+
+
+def did_you_mean(got: object, choices: "Iterable[str]", n: int = 3) -> str:
+    """``" (did you mean 'warn'?)"`` for the choices closest to ``got``, or ``""``."""
+    import difflib
+
+    if not isinstance(got, str):
+        return ""
+    choices = [c for c in choices if isinstance(c, str)]
+    close = difflib.get_close_matches(got, choices, n=n, cutoff=0.6)
+    if not close:
+        lowered = {c.lower(): c for c in choices}
+        close = [lowered[c] for c in difflib.get_close_matches(got.lower(), list(lowered), n=n, cutoff=0.6)]
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
+# How each setting is changed where the user is: a magic in a notebook, a flag of
+# `torch-adapter run`, an option in Python (core.callsite.running_as says which).
+_MAGICS = {"fallback": "%adapter policy {value}"}
+_FLAGS = {"fallback": "--fallback {value}", "amp_dtype": "--amp-dtype {value}"}
+
+
+def setting(option: str, value: str, where: str) -> str:
+    """The way to set ``option`` to ``value`` for a user ``where`` ("notebook", "cli", "python"):
+    ``%adapter policy warn``, ``torch-adapter run --fallback warn ...``, or
+    ``torch_adapter.configure(fallback='warn')``."""
+    if where == "notebook" and option in _MAGICS:
+        return f"`{_MAGICS[option].format(value=value)}` in a cell"
+    if where == "cli" and option in _FLAGS:
+        return f"`torch-adapter run {_FLAGS[option].format(value=value)} ...`"
+    return f"`torch_adapter.configure({option}={value!r})`"

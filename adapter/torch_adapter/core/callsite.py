@@ -3,8 +3,11 @@
 Skipped: torch, torch_adapter, the standard library, IPython/ipykernel internals, and
 synthetic ``<frozen ...>``/``<string>`` code. Notebook cells are user code: their
 filenames are ``<ipython-input-N-...>`` (terminal IPython) or a file under the kernel's
-temp folder (ipykernel), and both are kept. Only called when something is recorded for
-the first time at a site, never per op.
+temp folder (ipykernel), and both are kept. A site (:func:`user_site`) is the user's own
+line — the script or cell, not an installed package — with the installed library's line it
+went through beside it (``"library"``), and is shown as ``cell [N], line L`` or a file
+relative to site-packages (:func:`site_text`). Only called when something is recorded for
+the first time at a site, never per op; each file is classified once.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import sys
 import sysconfig
 from typing import Any
 
-__all__ = ["user_frame", "user_site", "site_frames", "cell_of", "site_text"]
+__all__ = ["user_frame", "user_site", "site_frames", "cell_of", "site_text", "short_path", "library_text", "user_call", "front",
+           "running_as"]
 
 _SKIP: tuple[str, ...] | None = None
 
@@ -69,19 +73,57 @@ def user_frame(depth: int = 1) -> Any:
     return last
 
 
-def user_site(depth: int = 1) -> dict[str, Any] | None:
-    """``{"file", "line", "function"}`` of the innermost user frame, or None; a notebook
-    cell's site also has ``"cell"``: its execution count (see :func:`cell_of`)."""
-    frame = _frame(depth + 1)
-    while frame is not None:
-        if _is_user(frame.f_code.co_filename):
-            site = {"file": frame.f_code.co_filename, "line": frame.f_lineno, "function": frame.f_code.co_name}
-            cell = cell_of(site["file"])
-            if cell is not None:
-                site["cell"] = cell
-            return site
-        frame = frame.f_back
-    return None
+def _site_of(frame: Any) -> dict[str, Any]:
+    site = {"file": frame.f_code.co_filename, "line": frame.f_lineno, "function": frame.f_code.co_name}
+    cell = cell_of(site["file"])
+    if cell is not None:
+        site["cell"] = cell
+    return site
+
+
+def user_site(depth: int = 1, *, call: bool = False) -> dict[str, Any] | None:
+    """``{"file", "line", "function"}`` of the user's own line above the caller (the script or
+    notebook cell: see :func:`site_frames`), or None; a notebook cell's site also has
+    ``"cell"``: its execution count (see :func:`cell_of`). When the call went through an
+    installed library (transformers calling torch), ``"library"`` holds that library's line
+    (``{"file", "line", "function"}``). ``call=True`` adds ``"call"``: the expression the user's
+    line is running (``torch.pdist(emb)``, see :func:`user_call`), when the source says."""
+    frame, library = site_frames(depth + 1)
+    if library is None and _frame_kind(frame.f_code.co_filename) == "skip":  # no user or library frame
+        return None
+    site = _site_of(frame)
+    if library is not None:
+        site["library"] = {"file": library.f_code.co_filename, "line": library.f_lineno,
+                           "function": library.f_code.co_name}
+    if call:
+        text = user_call(frame)
+        if text:
+            site["call"] = text
+    return site
+
+
+def user_call(frame: Any) -> str | None:
+    """The source of the expression ``frame`` is executing — the call or operator the user
+    wrote (``torch.pdist(emb)``, ``z / z.norm(dim=-1)``), from the code's positions table
+    (Python 3.11+) and the line cache; None when either is missing or it spans lines badly."""
+    import linecache
+
+    positions = getattr(frame.f_code, "co_positions", None)
+    if positions is None or frame.f_lasti < 0:
+        return None
+    try:
+        start, end, col, end_col = list(positions())[frame.f_lasti // 2]
+    except (IndexError, ValueError):
+        return None
+    if start is None or end is None or col is None or end_col is None or end - start > 5:
+        return None
+    lines = [linecache.getline(frame.f_code.co_filename, n).encode() for n in range(start, end + 1)]
+    if not all(lines):
+        return None
+    lines[-1] = lines[-1][:end_col]  # the offsets count UTF-8 bytes
+    lines[0] = lines[0][col:]
+    text = " ".join(line.decode(errors="replace").strip() for line in lines).strip()
+    return text if 0 < len(text) <= 120 else (text[:117] + "..." if text else None)
 
 
 _LIBS: tuple[str, ...] | None = None
@@ -101,8 +143,18 @@ def _library_dirs() -> tuple[str, ...]:
     return _LIBS
 
 
+_KINDS: dict[str, str] = {}  # file name -> its kind: a stack walk classifies each file once
+
+
 def _frame_kind(path: str) -> str:
     """"user", "library" (an installed package other than torch, torch_adapter, IPython...) or "skip"."""
+    kind = _KINDS.get(path)
+    if kind is None:
+        kind = _KINDS[path] = _classify(path)
+    return kind
+
+
+def _classify(path: str) -> str:
     if path.startswith("<"):
         return "user" if _is_user(path) else "skip"
     full = os.path.abspath(path)
@@ -143,15 +195,50 @@ def cell_of(filename: str) -> int | None:
     return number if isinstance(number, int) and not isinstance(number, bool) else None
 
 
-def site_text(site: dict[str, Any] | None, short: bool = False) -> str:
+def short_path(path: str, short: bool = False) -> str:
+    """A file as a reader wants it: an installed package's file relative to its site-packages
+    (``transformers/models/clip/modeling_clip.py``); else the path (``short``: its base name)."""
+    full = os.path.abspath(path) if not path.startswith("<") else path
+    for root in _library_dirs():
+        if full.startswith(root):
+            return full[len(root):]
+    return os.path.basename(path) if short else path
+
+
+def site_text(site: dict[str, Any] | None, short: bool = False, library: bool = True) -> str:
     """How a site is shown: ``"cell [11], line 6"`` for a notebook cell, else ``"file:line"``
-    (``short``: the file's base name)."""
+    (an installed package's file relative to site-packages; ``short``: other files by base
+    name); the library line the call went through follows the user's:
+    ``"cell [11], line 6 via transformers/models/clip/modeling_clip.py:568"`` (``library=False``:
+    the user's line alone; :func:`library_text` is the rest)."""
     if not site:
         return ""
     cell = site.get("cell")
     if cell is None and isinstance(site.get("file"), str):
         cell = cell_of(site["file"])
     if cell is not None:
-        return f"cell [{cell}], line {site.get('line')}"
-    file = str(site.get("file"))
-    return f"{os.path.basename(file) if short else file}:{site.get('line')}"
+        text = f"cell [{cell}], line {site.get('line')}"
+    else:
+        text = f"{short_path(str(site.get('file')), short)}:{site.get('line')}"
+    via = library_text(site) if library else ""
+    return f"{text} via {via}" if via else text
+
+
+def library_text(site: dict[str, Any] | None) -> str:
+    """The installed library's line a site's call went through (``transformers/.../x.py:568``), or ``""``."""
+    library = site.get("library") if site else None
+    if isinstance(library, dict) and isinstance(library.get("file"), str):
+        return f"{short_path(library['file'])}:{library.get('line')}"
+    return ""
+
+
+# Where the user drives the adapter from, innermost last: "cli" while `torch-adapter run` runs a
+# script (the runner), "notebook" while the Jupyter extension — and so its magics — is loaded
+# (jupyter/user_view.py); nothing: plain Python.
+front: list[str] = []
+
+
+def running_as() -> str:
+    """``"notebook"``, ``"cli"`` or ``"python"``: where the user is, so that a fix can be worded
+    for it (:func:`torch_adapter.errors.setting`)."""
+    return front[-1] if front else "python"

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..errors import UsageError, format_error
+from ..errors import UsageError, did_you_mean, format_error
 
 __all__ = ["CHILD_SETTINGS_ENV", "encode_child_settings", "Config", "make_config", "AMP_POLICIES", "FLOAT16_COMPUTE",
            "OPTIMIZATION_LEVELS", "MEMORY_STRATEGIES", "DEBUG_MODES",
@@ -120,7 +120,8 @@ def make_config(kwargs: dict[str, Any], base: Config | None = None) -> Config:
         if key not in _NAMES:
             raise UsageError(format_error(
                 "torch_adapter.install()/configure()", f"keyword arguments among {sorted(_NAMES | {'mixed_precision'})}",
-                repr(key), fix="check the spelling; see help(torch_adapter.install) and docs/tools.md"))
+                repr(key) + did_you_mean(key, _NAMES | {"mixed_precision"}),
+                fix="check the spelling; see help(torch_adapter.install) and docs/tools.md"))
         if key in ("force_cpu", "deny", "fusion_patterns"):
             value = _names(key, value)
         elif key == "activation_checkpointing":

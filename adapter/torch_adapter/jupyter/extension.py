@@ -208,6 +208,7 @@ class CellRouter:
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext torch_adapter``: install the adapter and observe every cell (loading twice is safe)."""
     global _ROUTER
+    from . import user_view
     from .magics import AdapterMagics
 
     if _ROUTER is not None and _ROUTER.shell is ipython:
@@ -218,12 +219,14 @@ def load_ipython_extension(ipython: Any) -> None:
     cell_router.install()
     cell_router.register()
     ipython.register_magics(AdapterMagics(ipython, cell_router))
+    user_view.install(ipython)  # tracebacks without the adapter's frames; warnings name cells
     _ROUTER = cell_router
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext torch_adapter``: unregister every callback and magic; restore torch."""
     global _ROUTER
+    from . import user_view
     from ..session import uninstall
 
     cell_router, _ROUTER = _ROUTER, None
@@ -234,4 +237,5 @@ def unload_ipython_extension(ipython: Any) -> None:
             for kind in ("line", "cell"):
                 for name in magics.magics.get(kind, {}):
                     ipython.magics_manager.magics[kind].pop(name, None)
+        user_view.uninstall()
     uninstall()

@@ -55,7 +55,7 @@ class AdapterMagics(Magics):
                                               error, is recorded (every call listed), or is not checked
         """
         args = parse_argstring(self.adapter, line)
-        from ..errors import AdapterError
+        from ..errors import AdapterError, did_you_mean
         from ..session import configure
 
         if args.action == "status":
@@ -76,21 +76,25 @@ class AdapterMagics(Magics):
             return self._changed(f"torch_adapter: target {session.target.label}")
         if args.action == "policy":
             if args.value not in ("allow", "warn", "error"):
-                raise UsageError(f"%adapter policy: expected allow, warn or error; got {args.value!r}")
+                raise UsageError(f"%adapter policy: expected allow, warn or error; got {args.value!r}"
+                                 f"{did_you_mean(args.value, ('allow', 'warn', 'error'))}")
             configure(fallback=args.value)
             return self._changed(f"torch_adapter: fallback policy {args.value}")
         if args.action == "observe":
             if args.value not in ("on", "off"):
-                raise UsageError(f"%adapter observe: expected on or off; got {args.value!r}")
+                raise UsageError(f"%adapter observe: expected on or off; got {args.value!r}"
+                                 f"{did_you_mean(args.value, ('on', 'off'))}")
             self.router.observing = args.value == "on"
             return self._changed(f"torch_adapter: per-cell routing {'on' if self.router.observing else 'off'}")
         if args.action == "dtypes":
             if args.value not in ("raise", "record", "off"):
-                raise UsageError(f"%adapter dtypes: expected raise, record or off; got {args.value!r}")
+                raise UsageError(f"%adapter dtypes: expected raise, record or off; got {args.value!r}"
+                                 f"{did_you_mean(args.value, ('raise', 'record', 'off'))}")
             configure(dtype_check=args.value)
             return self._changed(f"torch_adapter: dtype check {args.value}")
-        raise UsageError(f"%adapter: unknown action {args.action!r}; expected status, target, policy, observe or dtypes "
-                         "(see %adapter?)")
+        raise UsageError(f"%adapter: unknown action {args.action!r}"
+                         f"{did_you_mean(args.action, ('status', 'target', 'policy', 'observe', 'dtypes'))}; expected "
+                         "status, target, policy, observe or dtypes (see %adapter?)")
 
     def _changed(self, message: str) -> None:
         """Say what changed (a line of text, not a quoted string) and tell the front end."""
@@ -204,30 +208,43 @@ class AdapterMagics(Magics):
 _ROUTE_COLORS = {"native": "#2e7d32", "composite": "#b26a00", "fallback": "#c62828"}
 
 
+# The trace table fits a notebook's output (~900 px): long op names and reasons wrap, the
+# user's line leads the call-site cell and the library line it went through follows, smaller.
+_WRAP = "overflow-wrap:anywhere;word-break:break-word"
+_COLUMNS = (("op", "left", f"max-width:24em;{_WRAP}"), ("route", "left", ""), ("calls", "right", ""),
+            ("self ms", "right", ""), ("copied", "right", ""), ("first call site", "left", f"max-width:16em;{_WRAP}"),
+            ("reason", "left", f"max-width:28em;{_WRAP}"))
+
+
+def _site_html(site: Any) -> str:
+    from ..core.callsite import library_text, site_text
+
+    user, via = site_text(site, library=False), library_text(site)
+    return html.escape(user) + (f"<br><small style='color:#666'>via {html.escape(via)}</small>" if via else "")
+
+
 def _log_html(log: Any, limit: int | None) -> str:
-    from ..core.callsite import site_text
     from ..routing.log import _fmt_bytes
 
     records = log.records()
     shown = records[:limit] if limit else records
-    head = "".join(f"<th style='text-align:{a}'>{h}</th>" for h, a in (
-        ("op", "left"), ("route", "left"), ("calls", "right"), ("self ms", "right"), ("copied", "right"),
-        ("reason", "left"), ("first call site", "left")))
-    body = "".join(
-        f"<tr data-route='{r.route}'><td style='text-align:left'><code>{'&nbsp;&nbsp;└ ' if r.parent else ''}"
-        f"{html.escape(r.op)}</code></td>"
-        f"<td style='text-align:left;color:{_ROUTE_COLORS[r.route]}'>{r.route}</td><td style='text-align:right'>{r.calls:,}</td>"
-        f"<td style='text-align:right'>{r.self_time_ns / 1e6:.2f}</td>"
-        f"<td style='text-align:right'>{_fmt_bytes(r.bytes_copied) if r.bytes_copied else ''}</td>"
-        f"<td style='text-align:left'>{html.escape(r.reason)}</td>"
-        f"<td style='text-align:left;white-space:nowrap'>{html.escape(site_text(r.site))}</td></tr>" for r in shown)
+    head = "".join(f"<th style='text-align:{a}'>{h}</th>" for h, a, _ in _COLUMNS)
+
+    def row(r: Any) -> str:
+        cells = (f"<code>{'&nbsp;&nbsp;└ ' if r.parent else ''}{html.escape(r.op)}</code>",
+                 f"<span style='color:{_ROUTE_COLORS[r.route]}'>{r.route}</span>", f"{r.calls:,}",
+                 f"{r.self_time_ns / 1e6:.2f}", _fmt_bytes(r.bytes_copied) if r.bytes_copied else "",
+                 _site_html(r.site), html.escape(r.reason))
+        return f"<tr data-route='{r.route}'>" + "".join(
+            f"<td style='text-align:{a};{style}'>{c}</td>" for c, (_, a, style) in zip(cells, _COLUMNS)) + "</tr>"
+
+    body = "".join(row(r) for r in shown)
     body += "".join(  # dtype findings: their own kind, never a route
-        f"<tr data-route='dtype'><td style='text-align:left'><code>{html.escape(f['op'])}</code></td>"
-        f"<td style='text-align:left;color:#6a1b9a'>dtype {html.escape(f['dtype'])}</td>"
-        f"<td style='text-align:right'>{f['calls']:,}</td><td></td><td></td>"
-        f"<td style='text-align:left'>dtype {html.escape(f['dtype'])} not on {html.escape(log.target)}: "
-        f"{html.escape(f['message'])}</td>"
-        f"<td style='text-align:left;white-space:nowrap'>{html.escape(site_text(f['site']))}</td></tr>"
+        "<tr data-route='dtype'>" + "".join(f"<td style='text-align:{a};{style}'>{c}</td>" for c, (_, a, style) in zip((
+            f"<code>{html.escape(f['op'])}</code>", f"<span style='color:#6a1b9a'>dtype {html.escape(f['dtype'])}</span>",
+            f"{f['calls']:,}", "", "", _site_html(f["site"]),
+            f"dtype {html.escape(f['dtype'])} not on {html.escape(log.target)}: {html.escape(f['message'])}"),
+            _COLUMNS)) + "</tr>"
         for f in log.dtype_table())
     more = (f"<div>{len(records) - len(shown)} more entries: <code>_adapter_log.table()</code> has them all</div>"
             if len(records) > len(shown) else "")
@@ -235,7 +252,7 @@ def _log_html(log: Any, limit: int | None) -> str:
     target = f"{log.target or '?'}{' (simulated)' if log.simulated else ''}"
     return (f"<div class='torch-adapter-trace'><b>Routing on {html.escape(target)}</b>: {s['native']:,} native · "
             f"{s['composite']:,} composite · {s['fallback']:,} fallback calls · {_fmt_bytes(log.bytes_copied)} copied"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}</div>")
+            f"<table style='max-width:100%'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}</div>")
 
 
 def _show_comparison(result: dict[str, Any]) -> None:

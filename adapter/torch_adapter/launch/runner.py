@@ -36,14 +36,18 @@ def _is_own(filename: str) -> bool:
 
 
 def _print_user_traceback(exc: BaseException) -> None:
-    """The traceback without the frames of torch_adapter and runpy that lead to the script."""
+    """The traceback without the frames of torch_adapter and runpy that lead to the script, nor
+    the adapter's own frames under the script's lines (core/tracebacks.py)."""
     tb = exc.__traceback__
     while tb is not None and _is_own(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     if tb is None and isinstance(exc, SyntaxError):  # the script did not compile: only its file and line
         sys.stderr.write("".join(traceback.format_exception_only(type(exc), exc)))
         return
-    traceback.print_exception(type(exc), exc, tb if tb is not None else exc.__traceback__, file=sys.stderr)
+    from ..core.tracebacks import trim_exception
+
+    shown = traceback.TracebackException(type(exc), exc, tb if tb is not None else exc.__traceback__)
+    sys.stderr.write("".join(trim_exception(shown).format()))  # the adapter's frames left out (core/tracebacks)
 
 
 def report_path(path: str) -> str:
@@ -136,6 +140,9 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
     sys.argv = [script, *args]
     sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(script))  # as `python [-m]` does
     code = 0
+    from ..core.callsite import front
+
+    front.append("cli")  # fixes in messages are worded as run's flags
     try:
         if module:
             runpy.run_module(script, run_name="__main__", alter_sys=True)
@@ -150,6 +157,7 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
         _print_user_traceback(exc)
         code = 1
     finally:
+        front.pop()
         sys.argv = old_argv
         if old_path0 is not None:
             sys.path[0] = old_path0

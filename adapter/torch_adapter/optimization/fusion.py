@@ -177,7 +177,9 @@ def _logged(forward: Callable[..., Any], site: dict[str, Any], op: str) -> Calla
     from ..routing.decide import Route
     from ..routing.trace import active_logs
 
-    reason = (f"hand-written softmax(QK^T)V at {site['file']}:{site['line']} runs as "
+    from ..core.callsite import site_text
+
+    reason = (f"hand-written softmax(QK^T)V at {site_text(site)} runs as "
               f"scaled_dot_product_attention (fusion_patterns=['attention_blocks'])")
 
     def run(*args: Any, **kwargs: Any) -> Any:

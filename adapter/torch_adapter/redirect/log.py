@@ -114,8 +114,12 @@ class RedirectLog:
         table = Table(title=title, show_lines=False)
         for col in ("site", "asked", "became", "count"):
             table.add_column(col, overflow="fold", justify="right" if col == "count" else "left")
+        from ..core.callsite import cell_of
+
         for e in self.entries():
-            site = _short(e.site) if e.file != "<install>" else "(install)"
+            cell = cell_of(e.file)  # a notebook cell by its number, never the kernel's temp file
+            site = (f"cell [{cell}], line {e.line}" if cell is not None
+                    else _short(e.site) if e.file != "<install>" else "(install)")
             if e.library_site:
                 site += f" (via {_short_library(e.library['file'])}:{e.library['line']})"
             table.add_row(site, e.asked, e.became, str(e.count))

@@ -21,7 +21,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..errors import FallbackError, UsageError, format_error
+from ..errors import FallbackError, UsageError, format_error, setting
 
 __all__ = ["Policy", "FallbackWarning", "PolicyWarning", "make_policy", "policy_of", "FallbackCounter"]
 
@@ -116,13 +116,21 @@ class FallbackCounter:
         """Called before an op runs on the CPU: raise under "error"/deny."""
         op = decision.op
         if op in policy.deny or policy.fallback == "error":
+            from ..core.callsite import running_as, user_site
+
+            site = user_site(call=True)
+            where = running_as()
             why = "it is in configure(deny=...)" if op in policy.deny else 'the fallback policy is "error"'
+            call = f"`{site['call']}`" if site and site.get("call") else "this call"
+            if op in policy.deny:
+                ways = f"remove {op!r} from deny (`torch_adapter.configure(deny=[...])`) to let {call} run it on the CPU"
+            else:
+                ways = (f"to let {call} run {op} on the CPU, {setting('fallback', 'warn', where)} (it warns at the "
+                        f"1st, 2nd, 4th ... call; `allow`: silently)")
+            ways += f"; to keep it on the target, give it an implementation: @torch_adapter.register_fallback({op!r})"
             raise FallbackError(format_error(
-                f"{op} on {self.target}", "an op the target runs natively or by decomposition",
-                f"a CPU fallback ({decision.reason})", why=why,
-                fix=(f"register an implementation with @torch_adapter.register_fallback({op!r}), or allow it: "
-                     f"configure(fallback='warn') / configure(fallback='allow')"
-                     + (f" and remove {op!r} from deny" if op in policy.deny else ""))))
+                f"{op} on {self.target}{_called_from(site)}", "an op the target runs natively or by decomposition",
+                f"a CPU fallback ({decision.reason})", why=why, fix=ways))
 
     def count(self, policy: Policy, decision: Any, nbytes: int) -> None:
         """Count one CPU call of ``decision.op``; warn at the 1st, 2nd, 4th, 8th ... call."""
@@ -133,12 +141,25 @@ class FallbackCounter:
             total = self.bytes.get(op, 0) + nbytes
             self.bytes[op] = total
         if policy.fallback == "warn" and n & (n - 1) == 0:
-            from .log import user_site
+            from ..core.callsite import running_as, user_site
 
-            site = user_site() or {"file": "<torch>", "line": 0, "function": ""}
+            site = user_site(call=True) or {"file": "<torch>", "line": 0, "function": ""}
             warnings.warn_explicit(
-                f"{op} ran on the CPU on {self.target}: call {n} of this op so far, "
+                f"{op}{_called_from(site, at=False)} ran on the CPU on {self.target}: call {n} of this op so far, "
                 f"{total / 1e6:.3g} MB copied ({decision.reason}). Next warning at call {2 * n}. "
                 f"Fix: register an implementation with torch_adapter.register_fallback({op!r}), "
-                f"or silence with configure(fallback='allow').",
+                f"or silence with {setting('fallback', 'allow', running_as())}.",
                 FallbackWarning, site["file"], site["line"])
+
+
+def _called_from(site: dict[str, Any] | None, at: bool = True) -> str:
+    """``", from `torch.pdist(emb)` at cell [7], line 2"`` (``at=False``: ``" (from `torch.pdist(emb)`)"``):
+    the user's call that reached the op."""
+    from ..core.callsite import site_text
+
+    if not site:
+        return ""
+    call = f" `{site['call']}`" if site.get("call") else ""
+    if not at:
+        return f" (from{call})" if call else ""
+    return f", from{call} at {site_text(site)}"

@@ -106,7 +106,9 @@ class Registry:
         with self._lock:
             if key in self._handles:
                 old = self._handles[key].registration
-                where = f" at {old.site['file']}:{old.site['line']}" if old.site else ""
+                from ..core.callsite import site_text
+
+                where = f" at {site_text(old.site)}" if old.site else ""
                 raise RegistrationError(format_error(
                     f"register_{reg.kind}({reg.op!r}{f', device={reg.device!r}' if reg.device else ''})",
                     "one registration per op", f"a second one (the first is {old.fn!r}{where})",

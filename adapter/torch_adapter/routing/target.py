@@ -19,7 +19,7 @@ import platform
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import TargetError, format_error
+from ..errors import TargetError, did_you_mean, format_error
 
 __all__ = ["Target", "KNOWN", "AUTO_ORDER", "detect", "resolve", "targets", "describe", "cpu_details"]
 
@@ -198,7 +198,7 @@ def resolve(target: str | Target = "auto", *, simulate: bool = False) -> Target:
         raise TargetError(format_error(
             "torch_adapter.install(target=...)",
             f"one of {', '.join(['auto', *KNOWN])} (or a profile .toml with simulate=True)",
-            repr(target), why="that is not a backend torch_adapter knows",
+            repr(target) + did_you_mean(name, ["auto", *KNOWN]), why="that is not a backend torch_adapter knows",
             fix=f"use one of the targets present here: {', '.join(_present_names())}"))
     if simulate:
         return _simulated(name)

@@ -229,7 +229,7 @@ class MemoryReport:
             big.add_column(col, justify="right" if col == "size" else "left")
         for t in self.largest:
             site = t.get("site")
-            where = f"{_short(site['file'])}:{site['line']}" if site else ("parameter" if t.get("parameter") else "-")
+            where = _where(site) if site else ("parameter" if t.get("parameter") else "-")
             big.add_row(_fmt(t["bytes"]), str(tuple(t["shape"])), t["dtype"], t["device"], where,
                         t.get("op") or "", t.get("module") or "")
         return Group(dev, big)
@@ -244,6 +244,17 @@ class MemoryReport:
 
     def __str__(self) -> str:
         return self.render()
+
+
+def _where(site: dict[str, Any]) -> str:
+    """``cell [8], line 3`` for a notebook cell, else the short file name and line (and the
+    library line the call went through, relative to site-packages)."""
+    from ..core.callsite import cell_of, short_path, site_text
+
+    file = str(site.get("file"))
+    if site.get("cell") is not None or cell_of(file) is not None or short_path(file) != file:
+        return site_text(site)
+    return site_text({**site, "file": _short(file)})
 
 
 def _short(path: str) -> str:

@@ -49,8 +49,11 @@ class Finding:
     def where(self) -> str:
         inside = f" in {self.module}" if self.module else ""
         node = f" of {self.autograd_node}" if self.autograd_node else ""
-        at = f" at {self.site['file']}:{self.site['line']}" if self.site else ""
-        return f"{self.op} ({self.phase}{node}{inside}){at}"
+        from ..core.callsite import site_text
+
+        call = f" from `{self.site['call']}`" if self.site and self.site.get("call") else ""
+        at = f" at {site_text(self.site)}" if self.site else ""
+        return f"{self.op} ({self.phase}{node}{inside}){call}{at}"
 
     def message(self) -> str:
         route = f"route {self.route} ({self.reason})"
@@ -58,15 +61,16 @@ class Finding:
             return format_error(self.where(), "the same result as the CPU's plain aten kernel", self.detail,
                                 why=f"on the target it ran by {route}; this is the first op that disagrees",
                                 fix="if the difference is within what the dtype allows, raise atol/rtol; else "
-                                    f"register a fixed implementation with register_fallback({self.op!r}) or "
-                                    f"configure(force_cpu=[{self.op!r}]); disable_cpu_compare() turns this off")
+                                    f"register a fixed implementation with torch_adapter.register_fallback({self.op!r}) "
+                                    f"or run it on the CPU: torch_adapter.configure(force_cpu=[{self.op!r}]); "
+                                    "torch_adapter.debug.disable_cpu_compare() turns this off")
         what = LABEL[self.kind]
         return format_error(self.where(), f"finite values from inputs without {what}", self.detail,
                             why=f"it ran by {route}; it is the first op that produced {'an' if what == 'Inf' else 'a'} "
                                 f"{what}",
                             fix="look at this op's inputs at that line (log/sqrt/div of zero or negative values, "
-                                "overflow in float16 — try bfloat16, a missing eps); disable_nan_check() turns "
-                                "this off")
+                                "overflow in float16 — try bfloat16, a missing eps); "
+                                "torch_adapter.debug.disable_nan_check() turns this off")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -143,7 +147,7 @@ def report(check: str, kind: str, func: Any, detail: str, mode: str) -> None:
     d = decider()[0](name)
     phase, node = _tool_mode.phase()
     finding = Finding(check, kind, name, d.route.value if d else "unknown", d.reason if d else "",
-                      _tool_mode.module_path(), phase, node, user_site(), detail)
+                      _tool_mode.module_path(), phase, node, user_site(call=True), detail)
     key = (check, kind, name, finding.module)
     if mode == "warn":
         if key in _WARNED:
