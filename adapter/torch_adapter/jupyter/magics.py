@@ -63,6 +63,7 @@ class AdapterMagics(Magics):
                 raise UsageError("%adapter target: expected a target name, e.g. `%adapter target mps --simulate`")
             from ..session import switch
 
+            _check_target(args.value, args.simulate)
             try:  # the session before is suspended, not closed: `%adapter target` back to it resumes it
                 with self.router.unobserved():  # the ops switching runs (target probes) are not the cell's
                     session = switch(args.value, simulate=args.simulate)
@@ -194,32 +195,66 @@ class AdapterMagics(Magics):
         return report
 
 
-_ROUTE_COLORS = {"native": "#2e7d32", "composite": "#b26a00", "fallback": "#c62828"}
+def _check_target(value: str, simulate: bool) -> None:
+    """``%adapter target VALUE``: a name this kernel can switch to, or a UsageError in the
+    magic's words, with a did-you-mean (difflib) and the ``--simulate`` way to preview a
+    target this machine lacks. Paths (``.toml`` profiles) are left to the switch."""
+    import difflib
+
+    from ..errors import format_error
+    from ..routing.target import KNOWN, detect
+
+    name = value.strip().lower()
+    if name in ("auto", "host") or name.endswith(".toml") or "/" in name:
+        return
+    present = [t.name for t in detect() if t.present]
+    here = f"this machine has {', '.join(present)}"
+    if name not in KNOWN:
+        names = ["auto", *KNOWN]
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+        if close:
+            guess = close[0]
+            fix = f"did you mean `%adapter target {guess}`?"
+            if guess not in present and guess != "auto":
+                fix += f" This machine has no {guess}: `%adapter target {guess} --simulate` previews it here"
+        else:
+            fix = (f"name one of {', '.join(names)} ({here}); `%adapter target NAME --simulate` previews "
+                   "one this machine lacks, or a profile: `%adapter target my_accel.toml --simulate`")
+        raise UsageError(format_error(
+            f"%adapter target {value}", f"a target name ({', '.join(names)}) or a profile .toml",
+            repr(value), why="that is not a backend torch_adapter knows", fix=fix))
+    if name not in present and not simulate:
+        raise UsageError(format_error(
+            f"%adapter target {value}", f"a target present on this machine ({here})",
+            f"{name!r}, which is absent", why="running on a target needs its device",
+            fix=f"preview {name} on this machine: `%adapter target {name} --simulate`"
+                f" (ops routed as on {name}, computed here); or `%adapter target auto`"))
 
 
 def _log_html(log: Any, limit: int | None) -> str:
     from ..core.callsite import site_text
-    from ..routing.log import _fmt_bytes
+    from ..routing.log import _fmt_bytes, counts_text, tree_prefix
+    from ..routing.wording import COLORS
 
-    records = log.records()
+    records = log.tree()
     shown = records[:limit] if limit else records
     head = "".join(f"<th style='text-align:{a}'>{h}</th>" for h, a in (
         ("op", "left"), ("route", "left"), ("calls", "right"), ("self ms", "right"), ("copied", "right"),
         ("reason", "left"), ("first call site", "left")))
     body = "".join(
-        f"<tr data-route='{r.route}'><td style='text-align:left'><code>{'&nbsp;&nbsp;└ ' if r.parent else ''}"
-        f"{html.escape(r.op)}</code></td>"
-        f"<td style='text-align:left;color:{_ROUTE_COLORS[r.route]}'>{r.route}</td><td style='text-align:right'>{r.calls:,}</td>"
+        f"<tr data-route='{r.route}' data-depth='{depth}'><td style='text-align:left;white-space:pre'><code>"
+        f"{html.escape(tree_prefix(depth))}{html.escape(r.op)}</code></td>"
+        f"<td style='text-align:left;color:{COLORS[r.route]}'>{r.route}</td><td style='text-align:right'>{r.calls:,}</td>"
         f"<td style='text-align:right'>{r.self_time_ns / 1e6:.2f}</td>"
         f"<td style='text-align:right'>{_fmt_bytes(r.bytes_copied) if r.bytes_copied else ''}</td>"
         f"<td style='text-align:left'>{html.escape(r.reason)}</td>"
-        f"<td style='text-align:left;white-space:nowrap'>{html.escape(site_text(r.site))}</td></tr>" for r in shown)
+        f"<td style='text-align:left;white-space:nowrap'>{html.escape(site_text(r.site))}</td></tr>" for depth, r in shown)
     more = (f"<div>{len(records) - len(shown)} more entries: <code>_adapter_log.table()</code> has them all</div>"
             if len(records) > len(shown) else "")
     s = log.summary()
     target = f"{log.target or '?'}{' (simulated)' if log.simulated else ''}"
-    return (f"<div class='torch-adapter-trace'><b>Routing on {html.escape(target)}</b>: {s['native']:,} native · "
-            f"{s['composite']:,} composite · {s['fallback']:,} fallback calls · {_fmt_bytes(log.bytes_copied)} copied"
+    return (f"<div class='torch-adapter-trace'><b>Routing on {html.escape(target)}</b>: {html.escape(counts_text(s))} "
+            f"calls · {_fmt_bytes(log.bytes_copied)} copied"
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}</div>")
 
 
