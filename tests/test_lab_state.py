@@ -23,6 +23,10 @@ CELLS = [
     "%adapter target auto",
     "%unload_ext torch_adapter",
     "%load_ext torch_adapter",
+    "%adapter target mps --simulate\nimport torch, torch_adapter\nemb = torch.randn(16, 4, device='cuda')\n"
+    "h = torch_adapter.register_fallback('aten::_pdist_forward', lambda x, p=2.0: torch.cdist(x, x, p=p)[\n"
+    "    tuple(torch.triu_indices(len(x), len(x), 1, device=x.device))])\nd = torch.pdist(emb)",
+    "h.remove()\n%adapter policy error\nd = torch.pdist(emb)",
 ]
 
 pytestmark = [
@@ -163,3 +167,35 @@ def test_a_kernel_restart_says_not_loaded_until_loaded_again(page):
     assert after["state"] == "not-loaded" and after["errors"] == 0
     run_cell(page, 0)
     settle(page, "cpu", "allow")
+
+
+BADGE = """index => {
+    const badge = window.jupyterapp.shell.currentWidget.content.widgets[index].node
+        .querySelector('.jp-OutputArea .jp-TorchAdapter-badge');
+    if (!badge) return null;
+    const lines = [...badge.parentElement.querySelectorAll('li')].map(li => ({cls: li.className, text: li.textContent}));
+    return {text: badge.textContent, title: badge.title, level: badge.dataset.level, lines, ...badge.dataset};
+}"""
+
+
+def test_yours_and_refused_in_the_pill_the_tooltip_and_the_panel(page):
+    # (issue 23, point 2) A register_fallback implementation is its own route, on the device;
+    # a call the policy refused is "refused", not "fell back".
+    run_cell(page, 9)
+    page.wait_for_function(f"() => ({BADGE})(9) !== null")
+    yours = page.evaluate(BADGE, 9)
+    assert (yours["yours"], yours["fallback"]) == ("1", "0") and "1 yours" in yours["text"], yours
+    assert "Ran your register_fallback implementation, on the device" in yours["title"]
+    assert "Fell back to the CPU (most" not in yours["title"] and yours["level"] != "fallback"
+    run_cell(page, 10)
+    page.wait_for_function(f"() => ({BADGE})(10) !== null")
+    refused = page.evaluate(BADGE, 10)
+    assert (refused["refused"], refused["fallback"], refused["level"]) == ("1", "0", "refused"), refused
+    assert "1 refused" in refused["text"] and "Refused by the fallback policy (error)" in refused["title"]
+    assert "Fell back to the CPU (most" not in refused["title"]
+    assert [l["text"].split(" at ")[0] for l in refused["lines"] if "refused" in l["cls"]] == [
+        "refused: aten::_pdist_forward ×1"], refused["lines"]
+    totals = page.evaluate(f"() => ({{...document.querySelector('{PANEL} .jp-TorchAdapter-totals').dataset}})")
+    assert (totals["yours"], totals["refused"], totals["fallback"]) == ("1", "1", "0"), totals
+    text = page.locator(f"{PANEL} .jp-TorchAdapter-totals").inner_text()
+    assert "1 yours" in text and "1 refused" in text and "0 CPU" in text
