@@ -169,7 +169,7 @@ def test_progress_bar_on_a_terminal(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("text, pattern", [
     ("{", r"load_report_json\(\): expected a JSON document"),
-    ('{"schema": "other", "version": 1}', r"(?s)expected schema 'torch-adapter.check-report' version 1.*Fix: regenerate"),
+    ('{"schema": "other", "version": 1}', r"(?s)expected schema 'torch-adapter.check-report' version 2.*Fix: regenerate"),
 ])
 def test_load_report_json_errors(text, pattern):
     with pytest.raises(CheckError, match=pattern):

@@ -106,7 +106,7 @@ def test_report_in_chromium(tmp_path):
             assert page.locator("input.f-sev[value=handled]").is_checked() is False
 
             bars = page.locator("#routing-chart rect.bar")
-            assert bars.count() == 6
+            assert bars.count() == 10  # two charts, five routes each
             fallback = page.locator('#routing-chart rect.bar[data-route="fallback"]').first
             assert float(fallback.get_attribute("width")) > 0
             assert f"train_ddp.py:{_line(CORPUS / 'train_ddp.py', 'scaler.step(opt)')}" in page.text_content("#fallbacks")

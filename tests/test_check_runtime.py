@@ -61,8 +61,8 @@ def test_join_runtime(project):
     join_runtime(report, routing_log(project), command=["python train.py"], exit_code=0, cwd=project)
     rt = report.runtime
     assert rt.target == "mps" and rt.simulated
-    assert rt.calls_by_route == {"native": 30, "composite": 5, "fallback": 8}
-    assert rt.ops_by_route == {"native": 2, "composite": 1, "fallback": 3}
+    assert rt.calls_by_route == {"native": 30, "composite": 5, "yours": 0, "fallback": 8, "refused": 0}
+    assert rt.ops_by_route == {"native": 2, "composite": 1, "yours": 0, "fallback": 3, "refused": 0}  # a version-1 log: three routes
     assert abs(sum(rt.shares.values()) - 1) < 1e-9 and rt.shares["fallback"] == pytest.approx(8 / 43)
     assert [r.route for r in rt.ops][:4] == ["fallback"] * 4  # fallbacks first
     top = rt.top_fallbacks
@@ -101,7 +101,7 @@ def test_failed_command_points_at_the_project_line(project):
 
 @pytest.mark.parametrize("mutate, pattern", [
     (lambda d: d.update(schema="other"), r"expected \{\"schema\": \"torch-adapter.routing-log\""),
-    (lambda d: d.update(version=2), r"'version': 2"),
+    (lambda d: d.update(version=3), r"'version': 3"),
     (lambda d: d.update(ops={}), r'"ops": a list'),
     (lambda d: d["ops"][0].update(route="gpu"), r"ops\[0\]"),
     (lambda d: d["ops"][0].update(calls="many"), r'"calls": int'),

@@ -139,7 +139,7 @@ def test_uninstall_turns_the_checks_off():
 def test_cpu_compare_catches_a_route_that_computes_something_else():
     torch_adapter.install(target="mps", simulate=True)
     torch_adapter.register_fallback("aten::heaviside", lambda x, values: (x > 0).to(x.dtype) * 2)  # wrong
-    debug.enable_cpu_compare(routes=("composite", "fallback"))
+    debug.enable_cpu_compare(routes=("composite", "yours"))
     x = torch.randn(4, 4)
     torch.special.log_ndtr(x)  # composite by decomposition: agrees within float32 tolerance
     with pytest.raises(NumericsError, match=r"(?s)^aten::heaviside \(forward\) from "
@@ -147,8 +147,8 @@ def test_cpu_compare_catches_a_route_that_computes_something_else():
                                             r"CPU's plain aten kernel, got output 0 \(torch.float32, shape \[4, 4\]\): "
                                             r"\d+ of 16 elements differ; the largest \|difference\| is 1.*Why: on the "
                                             r"target it "
-                                            r"ran by route fallback \(no MPS kernel; Python implementation from "
-                                            r"register_fallback\)"):
+                                            r"ran by route yours \(no MPS kernel; your register_fallback "
+                                            r"implementation runs it on the device \(nothing copied\)\)"):
         torch.heaviside(x, torch.zeros(()))
     assert debug.findings()[-1].kind == "mismatch"
 

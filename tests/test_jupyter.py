@@ -142,7 +142,14 @@ def test_a_target_switch_tells_the_front_end(ip):
     ("polcy warn", "unknown action 'polcy'"),
     ("policy sometimes", "expected allow, warn or error"),
     ("target", "expected a target name"),
-    ("target tpu", "not a backend torch_adapter knows"),
+    ("target tpu", r"(?s)%adapter target tpu: expected a target name \(auto, cuda, .*not a backend torch_adapter "
+                   r"knows.*Fix: did you mean `%adapter target (xpu|npu)`\? This machine has no (xpu|npu): "
+                   r"`%adapter target (xpu|npu) --simulate` previews it here"),
+    ("target nup", r"(?s)Fix: did you mean `%adapter target npu`\? This machine has no npu: `%adapter target npu "
+                   r"--simulate`"),
+    ("target zzzz", r"(?s)Fix: name one of auto, cuda.*`%adapter target NAME --simulate` previews"),
+    ("target npu", r"(?s)%adapter target npu: expected a target present on this machine \(this machine has cpu\), "
+                   r"got 'npu', which is absent.*Fix: preview npu on this machine: `%adapter target npu --simulate`"),
     ("observe maybe", "expected on or off"),
 ])
 def test_adapter_magic_typos_are_usage_errors(ip, line, match):
@@ -257,7 +264,32 @@ def test_inspector_chart_and_table_cover_the_same_cells(ip):
 
 
 def test_bytes_read_as_the_badge_writes_them():
-    assert [format_bytes(n) for n in (0, 1000, 33024, 1536 * 1024)] == ["0 B", "1000 B", "32.3 KiB", "1.5 MiB"]
+    from torch_adapter.routing.wording import format_bytes as trace_bytes
+
+    sizes = (0, 1000, 33024, 1536 * 1024)
+    assert [format_bytes(n) for n in sizes] == [trace_bytes(n) for n in sizes] == ["0 B", "1000 B", "32.3 KiB", "1.5 MiB"]
+
+
+def test_registered_and_refused_ops_are_named_so_in_every_rendering(ip):
+    ip.run_line_magic("adapter", "target mps --simulate")
+    run(ip, "import torch, torch_adapter\nemb = torch.randn(32, 4, device='cuda')\n"
+            "h = torch_adapter.register_fallback('aten::_pdist_forward', lambda x, p=2.0: "
+            "torch.cdist(x, x, p=p)[tuple(torch.triu_indices(len(x), len(x), 1, device=x.device))])")
+    _, bundles, _ = run(ip, "d = torch.pdist(emb)")
+    payload = bundles[0][schema.MIME]
+    assert payload["version"] == 2 and payload["counts"]["yours"] == 1 and payload["counts"]["fallback"] == 0
+    assert [t["op"] for t in payload["top_yours"]] == ["aten::_pdist_forward"] and payload["top_fallbacks"] == []
+    assert "1 your implementation" in schema.render_text(payload) and "1 yours" in schema.render_html(payload)
+    run(ip, "h.remove()")
+    ip.run_line_magic("adapter", "policy error")
+    _, bundles, _ = run(ip, "d = torch.pdist(emb)")
+    payload = bundles[0][schema.MIME]
+    assert (payload["counts"]["refused"], payload["counts"]["fallback"]) == (1, 0)
+    assert payload["top_refused"][0]["op"] == "aten::_pdist_forward" and payload["top_fallbacks"] == []
+    assert "refused aten::_pdist_forward" in schema.render_text(payload) and "fell back" not in schema.render_html(payload)
+    assert payload["session"]["refused"] == 1 and payload["session"]["yours"] == 1
+    assert "1 refused" in ip.display_formatter.format(ip.run_line_magic("adapter", ""))[0]["text/plain"]
+    ip.run_line_magic("adapter", "policy allow")
 
 
 def test_inspector_table_is_capped_filtered_and_sorted(ip):

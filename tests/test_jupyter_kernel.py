@@ -29,6 +29,10 @@ CELLS = [
     "%%adapter_trace\ny = torch.einsum('bi,bi->b', x, x)\nz = torch.cuda.FloatTensor(4).zero_() + 1",
     "%adapter target mps --simulate",
     "w = torch.special.zeta(x.abs() + 2, x.abs() + 1).sum()",
+    "import torch_adapter\ntorch_adapter.configure(fallback='error')  # Python, not the magic",
+    "print('no tensor work')",
+    "%unload_ext torch_adapter",
+    "from torch_adapter.jupyter.extension import front_end_state\nprint(front_end_state())",
 ]
 
 
@@ -69,10 +73,14 @@ def test_comm_messages_carry_the_same_payloads(executed):
 
 def test_a_target_switch_sends_the_status(executed):
     # `%adapter target` runs no op, so no routing payload: a status message tells the
-    # front end (its panel follows the session's current target).
+    # front end (its panel follows the session's current target). So do loading, a policy
+    # set from Python, and unloading; a cell that changes nothing sends none.
     nb, client = executed
     statuses = [(index, data) for index, data in client.comm_opens if data["schema"] == "torch-adapter.status"]
-    assert [(i, d["target"], d["simulated"]) for i, d in statuses] == [(4, "mps", True)]
+    assert [(i, d["target"], d["simulated"], d["policy"], d["loaded"]) for i, d in statuses] == [
+        (0, "cpu", False, "allow", True), (4, "mps", True, "allow", True), (6, "mps", True, "error", True),
+        (8, None, False, None, False)]
+    assert "'loaded': False" in nb.cells[9].outputs[0]["text"] and "'payloads': []" in nb.cells[9].outputs[0]["text"]
     text = "".join(o.get("text", "") for o in nb.cells[4].outputs)
     assert text == "torch_adapter: target mps (simulated on cpu)\n"  # a line, not a quoted string
     assert not any(o.output_type == "execute_result" for o in nb.cells[4].outputs)

@@ -393,6 +393,11 @@ def test_the_comparison_shows_a_chart_not_a_dict(ran, page):
         return values.map((v, i) => ({{labelBottom: v.y + v.height, whiskerTop: whiskers[i].y}}));
     }})""")
     assert len(labels) == 2 and all(l["labelBottom"] <= l["whiskerTop"] + 0.5 for l in labels), labels
+    # The title and subtitle are never clipped: each fits inside the chart, in Lab's own font.
+    fits = page.evaluate(f"""() => [...({node})().querySelectorAll('.torch-adapter-compare svg')].flatMap(svg =>
+        [...svg.querySelectorAll('text.torch-adapter-title, text.torch-adapter-subtitle')].map(t => {{
+            const box = t.getBBox(); return box.x >= 0 && box.x + box.width <= svg.width.baseVal.value; }}))""")
+    assert fits and all(fits), fits
     shot(page, "lab-compare.png")
 
 
@@ -401,7 +406,7 @@ def _panel(page) -> dict:
         const panel = document.querySelector('{PANEL}');
         const totals = panel.querySelector('.jp-TorchAdapter-totals');
         return {{target: panel.querySelector('.jp-TorchAdapter-target').innerText,
-                totals: totals ? Object.fromEntries(['cells', 'native', 'composite', 'fallback'].map(k => [k, Number(totals.dataset[k])])) : null,
+                totals: totals ? Object.fromEntries(['cells', 'native', 'composite', 'yours', 'fallback', 'refused'].map(k => [k, Number(totals.dataset[k])])) : null,
                 totalsText: totals ? totals.innerText : '',
                 prompts: [...panel.querySelectorAll('.jp-TorchAdapter-prompt')].map(p => p.innerText),
                 rows: panel.querySelectorAll('.jp-TorchAdapter-cellRow').length,

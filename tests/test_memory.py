@@ -210,3 +210,16 @@ def test_cli_reads_a_live_child_process(tmp_path, capsys, cli):
     assert result.returncode == 2
     assert f"expected the id of a running process, got {gone}, which no process has" in result.stderr
     assert "Fix: find it with `ps`" in result.stderr
+
+
+def test_the_report_fits_a_notebook_output_beside_a_side_panel():
+    torch_adapter.install()
+    torch_adapter.memory.track(True)
+    try:
+        weight = torch.nn.Linear(256, 1024).cuda().weight
+        report = torch_adapter.memory.stats(top=3)
+    finally:
+        torch_adapter.memory.track(False)
+    text = str(report)
+    assert max(len(line) for line in text.splitlines()) <= 88, text  # was ~140 (the source column)
+    assert "mallinfo2" in text and "1.0 MiB" in text and tuple(weight.shape) == (1024, 256)

@@ -133,7 +133,7 @@ def routing(c: nbformat.NotebookNode) -> dict:
     found = bundles(c)
     assert len(found) == 1, f"cell {c.id}: expected one routing bundle, got {len(found)}"
     payload = found[0]
-    assert payload["schema"] == "torch-adapter.cell-routing" and payload["version"] == 1
+    assert payload["schema"] == "torch-adapter.cell-routing" and payload["version"] == 2
     assert sum(payload["counts"].values()) > 0
     return payload
 
@@ -397,6 +397,20 @@ def test_port_front_door(port):
 
 
 # -- 03 custom ops ------------------------------------------------------------------------------
+def _assert_children_under(table: str, parent: str, children: set[str]) -> None:
+    """In a trace table's text, the rows right after ``parent``'s row are its children (└)."""
+    ops = [op for line in table.splitlines() if line.startswith("│")
+           for op in [line.strip("│").split("│")[0].strip()] if op]  # (a wrapped row's next lines: no op)
+    at = next(i for i, op in enumerate(ops) if op == parent)
+    under = []
+    for op in ops[at + 1:]:
+        if not op.startswith("└"):
+            break
+        under.append(op.removeprefix("└").strip())
+    assert children <= set(under), (parent, ops)
+
+
+
 @pytest.fixture(scope="module")
 def custom(tmp_path_factory):
     return _execute("03_custom_ops.ipynb", tmp_path_factory)
@@ -409,10 +423,17 @@ def test_custom_op_registrations(custom):
     assert "demo::bias_gelu -> fallback" in text(cell(nb, "custom-op"))
     assert "demo::bias_gelu" in [f["op"] for f in routing(cell(nb, "custom-run"))["top_fallbacks"]]
     assert "demo::bias_gelu -> native (kernel registered with register_accelerated" in text(cell(nb, "accelerated"))
-    assert "demo::bias_gelu" in text(cell(nb, "accelerated-trace"))
+    traced = text(cell(nb, "accelerated-trace"))
+    assert "demo::bias_gelu" in traced
+    _assert_children_under(traced, "demo::bias_gelu", {"aten::add.Tensor", "aten::gelu"})
     copied = text(cell(nb, "pdist-cpu"))
     assert "aten::_pdist_forward" in copied and "fallback" in copied
-    assert "Python implementation from register_fallback" in text(cell(nb, "register-fallback"))
+    assert "your register_fallback implementation runs it on the device" in text(cell(nb, "register-fallback"))
+    # The registered implementation is its own route, "yours": no CPU fallback, nothing copied.
+    yours = routing(cell(nb, "fallback-trace"))
+    assert (yours["counts"]["yours"], yours["counts"]["fallback"], yours["bytes_copied"]) == (1, 0, 0)
+    assert [f["op"] for f in yours["top_yours"]] == ["aten::_pdist_forward"] and yours["top_fallbacks"] == []
+    _assert_children_under(text(cell(nb, "fallback-trace")), "aten::_pdist_forward", {"aten::cdist", "aten::index.Tensor"})
     assert "my-accel (simulated on cpu)" in text(cell(nb, "profile"))
     assert "('aten::native_layer_norm_backward', 'composite', 4, 'torch._decomp')" in text(cell(nb, "ln-model"))
     replaced = text(cell(nb, "optimize"))
@@ -420,6 +441,8 @@ def test_custom_op_registrations(custom):
     assert "'optimize::torch.nn.modules.normalization.LayerNorm',\n  'native'" in replaced
     pieces = text(cell(nb, "optimize-trace"))
     assert "optimize::torch.nn.modules.normalization.LayerNorm" in pieces and "aten::var_mean.correction" in pieces
+    rows = [line for line in pieces.splitlines() if line.strip()]
+    assert rows[0].startswith("optimize::") and rows[1].startswith("  └ ")  # children under the parent, never above
     assert "restored: True" in text(cell(nb, "undo"))
 
 
@@ -433,6 +456,9 @@ def test_custom_ops_strict_policy_and_ways_out(custom):
     assert "`%adapter policy warn` in a cell" in err.evalue and "configure(fallback" not in err.evalue
     assert "from `torch.pdist(emb)` at cell [" in err.evalue
     assert "/torch_adapter/" not in "".join(err.traceback[:-1])  # the frames (the last entry is the message)
+    refused = routing(cell(nb, "strict"))  # the call the policy refused: counted so, not as a fallback
+    assert (refused["counts"]["refused"], refused["counts"]["fallback"]) == (1, 0)
+    assert [f["op"] for f in refused["top_refused"]] == ["aten::_pdist_forward"] and refused["top_fallbacks"] == []
     assert "pdist under policy 'error'" in text(cell(nb, "way-out-register"))
     assert "FallbackWarning" in text(cell(nb, "way-out-warn"))
 

@@ -35,7 +35,7 @@ def test_explain_on_simulated_mps(op, route, via, words):
 
 
 def test_route_values_and_decision_is_frozen():
-    assert [r.value for r in Route] == ["native", "composite", "fallback"]
+    assert [r.value for r in Route] == ["native", "composite", "yours", "fallback", "refused"]
     d = explain("aten::nonzero", target="mps")
     with pytest.raises(dataclasses.FrozenInstanceError):
         d.route = Route.FALLBACK  # type: ignore[misc]

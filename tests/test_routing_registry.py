@@ -34,8 +34,8 @@ def test_register_fallback_routes_calls_to_the_python_implementation():
     torch.testing.assert_close(got, torch.relu(a + b))
     assert calls == [torch.Size([3])] and add_relu(a, b).shape == (3,)  # the handle still calls it
     row = next(r for r in log.table() if r["op"] == ADD_RELU)
-    assert (row["route"], row["via"], row["bytes_copied"]) == ("fallback", "register_fallback", 0)
-    assert "Python implementation from register_fallback" in row["reason"]
+    assert (row["route"], row["via"], row["bytes_copied"]) == ("yours", "register_fallback", 0)
+    assert "your register_fallback implementation runs it on the device" in row["reason"]
     assert {r["op"] for r in log.table() if r["parent"] == ADD_RELU} >= {"aten::relu", "aten::add.Tensor"}
     assert explain(ADD_RELU).via == "register_fallback"
     add_relu.remove()

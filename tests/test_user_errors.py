@@ -61,7 +61,7 @@ CELLS = {
     "compare": textwrap.dedent("""\
         handle = torch_adapter.register_fallback("aten::_pdist_forward", lambda x, p=2.0: torch.cdist(x, x)[
             tuple(torch.triu_indices(len(x), len(x), offset=1))])
-        torch_adapter.debug.enable_cpu_compare(routes=("fallback",))
+        torch_adapter.debug.enable_cpu_compare(routes=("yours",))
         try:
             a = torch.pdist(emb)
             b = torch.pdist(emb, p=1)

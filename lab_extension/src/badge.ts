@@ -26,12 +26,30 @@ export function renderBadge(
   node.title = tooltipText(payload, topFallbacks);
   node.setAttribute('aria-label', `torch_adapter routing: ${badgeText(payload.counts, true)}`);
   node.replaceChildren();
-  const dot = document.createElement('span');
-  dot.className = 'jp-TorchAdapter-dot';
+  // Each "N route" part never breaks inside, and the dot sits in the first
+  // part: where a narrow panel wraps the pill, it wraps between parts only.
   const text = document.createElement('span');
   text.className = 'jp-TorchAdapter-badgeText';
-  text.textContent = badgeText(payload.counts) + dtypeText(payload);
-  node.append(dot, text);
+  badgeText(payload.counts)
+    .split(' · ')
+    .forEach((part, i) => {
+      const span = document.createElement('span');
+      span.className = 'jp-TorchAdapter-badgePart';
+      if (i === 0) {
+        const dot = document.createElement('span');
+        dot.className = 'jp-TorchAdapter-dot';
+        span.append(dot);
+      } else {
+        text.append(' · ');
+      }
+      span.append(part);
+      text.append(span);
+    });
+  const dtypes = dtypeText(payload);
+  if (dtypes) {
+    text.append(dtypes);
+  }
+  node.append(text);
   if (showTarget) {
     const target = document.createElement('span');
     target.className = 'jp-TorchAdapter-badgeTarget';
@@ -43,27 +61,35 @@ export function renderBadge(
 export const FALLBACKS_CLASS = 'jp-TorchAdapter-fallbacks';
 
 /**
- * The ops that fell back and the lines that called them, readable without
- * hovering: one line each under the badge (op ×calls at cell [n], line l —
- * reason). A click on a line shows its whole reason. Null when nothing fell back.
+ * The ops the policy refused and those that fell back, and the lines that
+ * called them, readable without hovering: one line each under the badge
+ * (refused first: "refused: op ×calls at cell [n], line l — reason"). A click
+ * on a line shows its whole reason. Null when nothing was refused or fell back.
  */
 export function renderFallbacks(payload: IRoutingPayload, topFallbacks: number): HTMLElement | null {
-  const shown = payload.top_fallbacks.slice(0, Math.max(0, topFallbacks));
-  if (!shown.length) {
+  const top = Math.max(0, topFallbacks);
+  const refused = payload.top_refused.slice(0, top);
+  const shown = payload.top_fallbacks.slice(0, top);
+  if (!shown.length && !refused.length) {
     return null;
   }
   const list = document.createElement('ul');
   list.className = FALLBACKS_CLASS;
-  for (const fb of shown) {
+  const items = [
+    ...refused.map(fb => ({ fb, route: 'refused' as const })),
+    ...shown.map(fb => ({ fb, route: 'fallback' as const }))
+  ];
+  for (const { fb, route } of items) {
     const item = document.createElement('li');
-    item.className = 'jp-TorchAdapter-fallback';
+    item.className = route === 'refused' ? 'jp-TorchAdapter-refused' : 'jp-TorchAdapter-fallback';
+    item.dataset.route = route;
     item.dataset.op = fb.op;
     if (fb.site) {
       item.dataset.site = fb.site;
     }
     const what = document.createElement('span');
     what.className = 'jp-TorchAdapter-fallbackOp';
-    what.textContent = fallbackLine(fb);
+    what.textContent = (route === 'refused' ? 'refused: ' : '') + fallbackLine(fb);
     item.append(what);
     if (fb.reason) {
       const why = document.createElement('span');
@@ -78,7 +104,11 @@ export function renderFallbacks(payload: IRoutingPayload, topFallbacks: number):
     }
     list.append(item);
   }
-  const hidden = Math.max(payload.ops.fallback, payload.top_fallbacks.length) - shown.length;
+  const hidden =
+    Math.max(payload.ops.fallback, payload.top_fallbacks.length) -
+    shown.length +
+    Math.max(payload.ops.refused, payload.top_refused.length) -
+    refused.length;
   if (hidden > 0) {
     const more = document.createElement('li');
     more.className = 'jp-TorchAdapter-fallbackMore';

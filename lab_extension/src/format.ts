@@ -4,10 +4,33 @@
  * computed here (and unit-tested in test/format.test.ts).
  */
 
-import { IRouteCounts, IRoutingPayload, ISessionTotals } from './schema';
+import { IFallbackOp, IRouteCounts, IRoutingPayload, ISessionTotals, Route, ROUTES, zeroCounts } from './schema';
 
-/** How a badge is coloured: `fallback` is the only alarming one. */
-export type Level = 'native' | 'composite' | 'fallback';
+/** How a badge is coloured: `refused` and `fallback` are the alarming ones. */
+export type Level = 'native' | 'composite' | 'fallback' | 'refused';
+
+/** The word after a count in a pill ("3 CPU"); routing/wording.py's SHORT. */
+export const SHORT: Readonly<Record<Route, string>> = {
+  native: 'native',
+  composite: 'composite',
+  yours: 'yours',
+  fallback: 'CPU',
+  refused: 'refused'
+};
+
+/** The words in a sentence; routing/wording.py's LONG. */
+export const LONG: Readonly<Record<Route, string>> = {
+  native: 'native',
+  composite: 'composite',
+  yours: 'your implementation',
+  fallback: 'CPU fallback',
+  refused: 'refused'
+};
+
+/** The routes a count line always shows; `yours` and `refused` only when non-zero. */
+function shown(counts: IRouteCounts): Route[] {
+  return ROUTES.filter(r => r === 'native' || r === 'composite' || r === 'fallback' || counts[r] > 0);
+}
 
 /** 412 → "412", 12345 → "12.3k", 2500000 → "2.5M". */
 export function formatCount(n: number): string {
@@ -48,10 +71,15 @@ export function formatMs(ms: number | null): string {
   return ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${ms.toFixed(1)} ms`;
 }
 
-/** "412 native · 37 composite · 3 CPU" (op calls; compact, or exact with separators). */
+/**
+ * "412 native · 37 composite · 3 CPU" (op calls; compact, or exact with
+ * separators), with "· 2 yours" and "· 1 refused" where there are any.
+ */
 export function badgeText(counts: IRouteCounts, exact = false): string {
   const f = exact ? formatExact : formatCount;
-  return `${f(counts.native)} native · ${f(counts.composite)} composite · ${f(counts.fallback)} CPU`;
+  return shown(counts)
+    .map(r => `${f(counts[r])} ${SHORT[r]}`)
+    .join(' · ');
 }
 
 /** " · 2 dtype refused" / " · dtypes not judged" (simulated targets), else "". */
@@ -66,8 +94,11 @@ export function dtypeText(payload: Pick<IRoutingPayload, 'dtypes'>): string {
   return d.judged ? '' : ' · dtypes not judged';
 }
 
-/** Coloured when something fell back to the CPU; composite is worth a hint. */
+/** Coloured when the policy refused an op or something fell back to the CPU; composite is worth a hint. */
 export function badgeLevel(counts: IRouteCounts): Level {
+  if (counts.refused > 0) {
+    return 'refused';
+  }
   if (counts.fallback > 0) {
     return 'fallback';
   }
@@ -84,32 +115,42 @@ export function fallbackLine(fb: { op: string; calls: number; site: string | nul
   return `${fb.op} ×${formatExact(fb.calls)}${fb.site ? ` at ${fb.site}` : ''}`;
 }
 
-/** The badge's tooltip: target, exact counts, top fallback ops with reasons, costs. */
+function listOps(lines: string[], title: string, ops: IFallbackOp[], top: number): void {
+  const shownOps = ops.slice(0, Math.max(0, top));
+  if (!shownOps.length) {
+    return;
+  }
+  lines.push(title);
+  for (const fb of shownOps) {
+    const where = fb.site ? ` at ${fb.site}` : '';
+    const why = fb.reason ? ` — ${fb.reason}` : '';
+    lines.push(`  ${fb.op} ×${formatExact(fb.calls)}${where}${why}`);
+  }
+  if (ops.length > shownOps.length) {
+    lines.push(`  … and ${ops.length - shownOps.length} more`);
+  }
+}
+
+/** The badge's tooltip: target, exact counts, the ops refused, fallen back and yours, with reasons; costs. */
 export function tooltipText(payload: IRoutingPayload, topFallbacks = 5): string {
   const c = payload.counts;
   const o = payload.ops;
   const lines = [
     `torch_adapter · target ${targetLabel(payload)} · policy ${payload.policy}`,
-    `Op calls: ${formatExact(c.native)} native, ${formatExact(c.composite)} composite, ` +
-      `${formatExact(c.fallback)} CPU fallback`,
-    `Distinct ops: ${o.native} native, ${o.composite} composite, ${o.fallback} fallback`
+    `Op calls: ${shown(c)
+      .map(r => `${formatExact(c[r])} ${LONG[r]}`)
+      .join(', ')}`,
+    `Distinct ops: ${shown(o)
+      .map(r => `${o[r]} ${LONG[r]}`)
+      .join(', ')}`
   ];
-  const shown = payload.top_fallbacks.slice(0, Math.max(0, topFallbacks));
-  if (shown.length) {
-    lines.push('Fell back to the CPU (most calls first):');
-    for (const fb of shown) {
-      const where = fb.site ? ` at ${fb.site}` : '';
-      const why = fb.reason ? ` — ${fb.reason}` : '';
-      lines.push(`  ${fb.op} ×${formatExact(fb.calls)}${where}${why}`);
-    }
-    const hidden = payload.top_fallbacks.length - shown.length;
-    if (hidden > 0) {
-      lines.push(`  … and ${hidden} more`);
-    }
-  } else if (c.fallback > 0) {
-    lines.push('Some ops fell back to the CPU (run %%adapter_trace for the table).');
-  } else {
-    lines.push('Nothing fell back to the CPU.');
+  listOps(lines, `Refused by the fallback policy (${payload.policy}): the call raised`, payload.top_refused, topFallbacks);
+  listOps(lines, 'Fell back to the CPU (most calls first):', payload.top_fallbacks, topFallbacks);
+  listOps(lines, 'Ran your register_fallback implementation, on the device (nothing copied):', payload.top_yours, topFallbacks);
+  if (!payload.top_fallbacks.length) {
+    lines.push(
+      c.fallback > 0 ? 'Some ops fell back to the CPU (run %%adapter_trace for the table).' : 'Nothing fell back to the CPU.'
+    );
   }
   const d = payload.dtypes;
   if (d && d.findings.length) {
@@ -134,12 +175,12 @@ export function tooltipText(payload: IRoutingPayload, topFallbacks = 5): string 
 
 /** Sum of op calls over payloads (one per cell), with the number of cells. */
 export function sumCounts(payloads: Iterable<IRoutingPayload>): ISessionTotals {
-  const totals: ISessionTotals = { cells: 0, native: 0, composite: 0, fallback: 0 };
+  const totals: ISessionTotals = { cells: 0, ...zeroCounts() };
   for (const p of payloads) {
     totals.cells += 1;
-    totals.native += p.counts.native;
-    totals.composite += p.counts.composite;
-    totals.fallback += p.counts.fallback;
+    for (const route of ROUTES) {
+      totals[route] += p.counts[route];
+    }
   }
   return totals;
 }
@@ -168,13 +209,12 @@ export function totalsText(totals: ISessionTotals): string {
 
 /** The share of op calls per route, in percent (0 when nothing ran). */
 export function shares(counts: IRouteCounts): IRouteCounts {
-  const total = counts.native + counts.composite + counts.fallback;
-  if (total === 0) {
-    return { native: 0, composite: 0, fallback: 0 };
+  const total = ROUTES.reduce((sum, r) => sum + counts[r], 0);
+  const out = zeroCounts();
+  if (total > 0) {
+    for (const route of ROUTES) {
+      out[route] = (100 * counts[route]) / total;
+    }
   }
-  return {
-    native: (100 * counts.native) / total,
-    composite: (100 * counts.composite) / total,
-    fallback: (100 * counts.fallback) / total
-  };
+  return out;
 }

@@ -90,7 +90,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     app.commands.addCommand(CommandIDs.setPolicy, {
       label: args => (args.policy ? `Routing: Fallback Policy ${args.policy}` : 'Routing: Set Fallback Policy'),
       caption: 'Set what happens when the target lacks an op: allow, warn or error (%adapter policy …)',
-      isEnabled: () => current()?.kernel != null,
+      isEnabled: () => current()?.kernel != null && current()?.store.targetAndPolicy().loaded === true,
       isToggled: args => current()?.store.targetAndPolicy().policy === args.policy,
       describedBy: {
         args: {

@@ -96,11 +96,19 @@ export class RoutingPanel extends Widget {
   }
 
   private _renderSummary(routing: NotebookRouting): HTMLElement {
-    const { target, policy } = routing.store.targetAndPolicy();
+    const { target, policy, loaded } = routing.store.targetAndPolicy();
     const section = el('div', 'jp-TorchAdapter-summary');
     const targetRow = el('div', 'jp-TorchAdapter-row');
     targetRow.append(el('span', 'jp-TorchAdapter-label', 'Target'));
-    targetRow.append(el('span', 'jp-TorchAdapter-target', target ?? '—'));
+    // What the kernel is in now: its target, or that it has none.
+    const state = routing.kernel === null ? 'no-kernel' : loaded === false ? 'not-loaded' : loaded ? 'loaded' : 'unknown';
+    const words = { 'no-kernel': 'no kernel', 'not-loaded': 'not loaded', loaded: target ?? '—', unknown: '—' }[state];
+    const targetNode = el('span', 'jp-TorchAdapter-target', words);
+    targetNode.dataset.state = state;
+    if (state === 'not-loaded') {
+      targetNode.title = 'torch_adapter is not loaded in this kernel: run %load_ext torch_adapter';
+    }
+    targetRow.append(targetNode);
     const policyRow = el('div', 'jp-TorchAdapter-row');
     policyRow.append(el('span', 'jp-TorchAdapter-label', 'Fallback policy'));
     const select = el('select', 'jp-TorchAdapter-policy');
@@ -116,7 +124,7 @@ export class RoutingPanel extends Widget {
       select.prepend(unknown);
     }
     select.value = policy ?? '';
-    select.disabled = routing.kernel === null;
+    select.disabled = routing.kernel === null || loaded !== true;
     select.addEventListener('change', () => {
       if (select.value) {
         void this._commands.execute(CommandIDs.setPolicy, { policy: select.value });
@@ -143,8 +151,15 @@ export class RoutingPanel extends Widget {
     section.append(el('h3', 'jp-TorchAdapter-sectionTitle', 'Session totals (kernel)'));
     const totals = routing.store.totals();
     if (!totals) {
+      const notLoaded = routing.store.targetAndPolicy().loaded === false;
       section.append(
-        el('div', 'jp-TorchAdapter-empty', 'No routing yet: run `%load_ext torch_adapter`, then run cells.')
+        el(
+          'div',
+          'jp-TorchAdapter-empty',
+          notLoaded
+            ? 'torch_adapter is not loaded in this kernel: run `%load_ext torch_adapter`.'
+            : 'No routing yet: run `%load_ext torch_adapter`, then run cells.'
+        )
       );
       return section;
     }

@@ -13,8 +13,17 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { PanelLayout, Widget } from '@lumino/widgets';
 
 import { CellBadge } from './badge';
-import { IKernelState, runSilently } from './kernel';
-import { classify, COMM_TARGET, IRoutingPayload, METADATA_KEY, MIME, metadataSummary, parsePayload } from './schema';
+import { IKernelState, KernelRequestError, runSilently } from './kernel';
+import {
+  classify,
+  COMM_TARGET,
+  IRoutingPayload,
+  METADATA_KEY,
+  MIME,
+  metadataSummary,
+  notLoaded,
+  parsePayload
+} from './schema';
 import { keyOf, RoutingStore } from './store';
 
 export interface IRoutingSettings {
@@ -150,7 +159,8 @@ export class NotebookRouting implements IDisposable {
    * Ask the kernel (silently) for its status and every payload it published,
    * and take the payloads of this notebook's cells: what a reloaded page, or
    * "Refresh", rebuilds the panel from. Returns false when the kernel could
-   * not answer (no kernel, or the extension is not loaded in it).
+   * not answer (no kernel; or torch_adapter cannot be imported there, which
+   * the panel then shows as "not loaded").
    */
   async syncFromKernel(): Promise<boolean> {
     const kernel = this._kernel;
@@ -160,7 +170,10 @@ export class NotebookRouting implements IDisposable {
     let state;
     try {
       state = await runSilently(kernel, '');
-    } catch {
+    } catch (error) {
+      if (error instanceof KernelRequestError && !this._isDisposed && kernel === this._kernel) {
+        this.store.setStatus(notLoaded());
+      }
       return false;
     }
     if (this._isDisposed || kernel !== this._kernel) {
@@ -230,7 +243,13 @@ export class NotebookRouting implements IDisposable {
 
   private _onStatusChanged(_: unknown, status: Kernel.Status): void {
     if (status === 'restarting' || status === 'autorestarting') {
-      this.store.clearLive(); // the kernel's session totals start again
+      // A restarted kernel has nothing loaded; it says so again once it is up.
+      this.store.clearLive();
+      this.store.setStatus(notLoaded());
+      this._restarted = true;
+    } else if (status === 'idle' && this._restarted) {
+      this._restarted = false;
+      void this.syncFromKernel();
     }
   }
 
@@ -429,6 +448,7 @@ export class NotebookRouting implements IDisposable {
   private _cellsChanged = new Signal<this, void>(this);
   private _isDisposed = false;
   private _warned = false;
+  private _restarted = false;
 }
 
 /** One NotebookRouting per open notebook panel, and the settings they share. */

@@ -12,18 +12,36 @@ export const COMM_TARGET = 'torch_adapter';
 export const SCHEMA = 'torch-adapter.cell-routing';
 /** `%adapter` status, sent when the target, policy or observation changes. */
 export const STATUS_SCHEMA = 'torch-adapter.status';
-/** The newest payload version this extension knows. */
-export const VERSION = 1;
+/**
+ * The newest payload version this extension knows. Version 2 added the routes
+ * `yours` (a `register_fallback` implementation, on the device) and `refused`
+ * (the policy raised instead of falling back) and `top_yours`/`top_refused`;
+ * a version-1 payload (saved in an older notebook) reads with those at zero.
+ */
+export const VERSION = 2;
 /** The cell-metadata key under which the opt-in summary is kept. */
 export const METADATA_KEY = 'torch_adapter';
 
-export type Route = 'native' | 'composite' | 'fallback';
-export const ROUTES: readonly Route[] = ['native', 'composite', 'fallback'];
+/** The routes, in the order the views show them (torch_adapter/routing/wording.py). */
+export type Route = 'native' | 'composite' | 'yours' | 'fallback' | 'refused';
+export const ROUTES: readonly Route[] = ['native', 'composite', 'yours', 'fallback', 'refused'];
+/** Routes every payload version has; the others read as 0 when absent (version 1). */
+const REQUIRED: readonly Route[] = ['native', 'composite', 'fallback'];
 
 export interface IRouteCounts {
   native: number;
   composite: number;
+  /** Calls your `register_fallback` implementation ran, on the device (nothing copied). */
+  yours: number;
+  /** Calls that ran on the CPU (inputs copied there, results back). */
   fallback: number;
+  /** Calls the fallback policy refused (`error`, `deny`): they raised. */
+  refused: number;
+}
+
+/** All-zero counts. */
+export function zeroCounts(): IRouteCounts {
+  return { native: 0, composite: 0, yours: 0, fallback: 0, refused: 0 };
 }
 
 export interface ISessionTotals extends IRouteCounts {
@@ -67,7 +85,12 @@ export interface IRoutingPayload {
   counts: IRouteCounts;
   /** Distinct ops of this cell per route. */
   ops: IRouteCounts;
+  /** Route `fallback`: ran on the CPU (most calls first). */
   top_fallbacks: IFallbackOp[];
+  /** Route `yours`: ran your register_fallback implementation. */
+  top_yours: IFallbackOp[];
+  /** Route `refused`: the policy raised. */
+  top_refused: IFallbackOp[];
   wall_ms: number | null;
   op_time_ms: number | null;
   bytes_copied: number;
@@ -107,16 +130,16 @@ function readCounts(value: unknown, key: string): IRouteCounts | string {
   if (!isDict(value)) {
     return `"${key}": expected an object like {"native": 412, "composite": 37, "fallback": 3}; got ${describe(value)}`;
   }
+  const counts = zeroCounts();
   for (const route of ROUTES) {
-    if (!isCount(value[route])) {
-      return `"${key}.${route}": expected a count >= 0; got ${describe(value[route])}`;
+    const n = value[route];
+    if (isCount(n)) {
+      counts[route] = n;
+    } else if (REQUIRED.includes(route) || n !== undefined) {
+      return `"${key}.${route}": expected a count >= 0; got ${describe(n)}`;
     }
   }
-  return {
-    native: value.native as number,
-    composite: value.composite as number,
-    fallback: value.fallback as number
-  };
+  return counts;
 }
 
 function readSession(value: unknown): ISessionTotals | null {
@@ -198,8 +221,10 @@ export function parsePayload(data: unknown): ParseResult {
     simulated: data.simulated === true,
     policy: typeof data.policy === 'string' ? data.policy : 'allow',
     counts,
-    ops: typeof ops === 'string' ? { native: 0, composite: 0, fallback: 0 } : ops,
+    ops: typeof ops === 'string' ? zeroCounts() : ops,
     top_fallbacks: readFallbacks(data.top_fallbacks),
+    top_yours: readFallbacks(data.top_yours),
+    top_refused: readFallbacks(data.top_refused),
     wall_ms: numberOrNull(data.wall_ms),
     op_time_ms: numberOrNull(data.op_time_ms),
     bytes_copied: isCount(data.bytes_copied) ? data.bytes_copied : 0,
@@ -224,16 +249,20 @@ export function metadataSummary(payload: IRoutingPayload): IRoutingPayload {
 }
 
 /** The kernel's `%adapter` status (schema {@link STATUS_SCHEMA}). */
-export interface IKernelStatus {
+export interface IKernelStatus extends IRouteCounts {
   /** The target name (`mps`), never a label: the front end words it (targetLabel). */
   target: string | null;
   simulated: boolean;
   policy: string | null;
   observing: boolean;
+  /** The extension is loaded in the kernel (`%load_ext torch_adapter`). */
+  loaded: boolean;
   cells: number;
-  native: number;
-  composite: number;
-  fallback: number;
+}
+
+/** The status of a kernel where the extension is not loaded (a new or restarted kernel). */
+export function notLoaded(): IKernelStatus {
+  return { target: null, simulated: false, policy: null, observing: false, loaded: false, cells: 0, ...zeroCounts() };
 }
 
 /**
@@ -245,15 +274,19 @@ export function parseStatus(data: unknown): IKernelStatus | null {
     return null;
   }
   const num = (v: unknown): number => (isCount(v) ? v : 0);
+  const counts = zeroCounts();
+  for (const route of ROUTES) {
+    counts[route] = num(data[route]);
+  }
   return {
     target: typeof data.target === 'string' && data.target ? data.target : null,
     simulated: data.simulated === true,
     policy: typeof data.policy === 'string' ? data.policy : null,
     observing: data.observing !== false,
+    // Version 1 had no `loaded`: only a loaded extension sent a status then.
+    loaded: data.loaded !== false,
     cells: num(data.cells),
-    native: num(data.native),
-    composite: num(data.composite),
-    fallback: num(data.fallback)
+    ...counts
   };
 }
 

@@ -8,7 +8,7 @@
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { sessionTotals, targetLabel } from './format';
-import { IKernelStatus, IRoutingPayload, ISessionTotals } from './schema';
+import { IKernelStatus, IRoutingPayload, ISessionTotals, ROUTES, zeroCounts } from './schema';
 
 export type { IKernelStatus } from './schema';
 
@@ -39,7 +39,7 @@ export class RoutingStore {
     return this._changed;
   }
 
-  /** The latest payload received from the kernel (target, policy, session). */
+  /** The latest payload the kernel sent (comm or state request; never a stored output). */
   get latest(): IRoutingPayload | null {
     return this._latest;
   }
@@ -55,7 +55,7 @@ export class RoutingStore {
       return null;
     }
     this._entries.set(key, { key, payload, saved: false, source: 'kernel' });
-    this._noteLive(payload);
+    this._noteLive(payload, true);
     this._changed.emit(key);
     return key;
   }
@@ -74,7 +74,7 @@ export class RoutingStore {
       return;
     }
     this._entries.set(cellId, { key: cellId, payload, saved: false, source: 'output' });
-    this._noteLive(payload);
+    this._noteLive(payload, false);
     this._changed.emit(cellId);
   }
 
@@ -135,20 +135,31 @@ export class RoutingStore {
   }
 
   /**
-   * Target and policy as last reported: a status (`%adapter target auto`
-   * sends one) or a payload, whichever came last. The target is worded one
-   * way everywhere: targetLabel ("mps (simulated)").
+   * The kernel's target and policy as it last said: its status (sent after
+   * any cell that changed them, at `%load_ext` and `%unload_ext`, and
+   * answered on request) or a payload it sent, whichever came last. A stored
+   * output never counts (it tells what a cell did once, not what the kernel
+   * is now). `loaded`: false when the kernel said the extension is not loaded,
+   * null when it has said nothing yet. The target is worded one way
+   * everywhere: targetLabel ("mps (simulated)").
    */
-  targetAndPolicy(): { target: string | null; policy: string | null } {
+  targetAndPolicy(): { target: string | null; policy: string | null; loaded: boolean | null } {
     const s = this._status;
     const p = this._latest;
     if (s && (!p || this._statusSeq > this._latestSeq)) {
-      return { target: s.target === null ? null : targetLabel({ target: s.target, simulated: s.simulated }), policy: s.policy };
+      if (!s.loaded) {
+        return { target: null, policy: null, loaded: false };
+      }
+      return {
+        target: s.target === null ? null : targetLabel({ target: s.target, simulated: s.simulated }),
+        policy: s.policy,
+        loaded: true
+      };
     }
     if (p) {
-      return { target: targetLabel(p), policy: p.policy };
+      return { target: targetLabel(p), policy: p.policy, loaded: true };
     }
-    return { target: null, policy: null };
+    return { target: null, policy: null, loaded: null };
   }
 
   /**
@@ -156,17 +167,24 @@ export class RoutingStore {
    * the payloads, else from the payloads' `session` fields; null before any.
    */
   totals(): ISessionTotals | null {
-    const fromPayloads = this._live.length ? sessionTotals(this._live) : null;
     const s = this._status;
+    if (s && !s.loaded && (!this._latest || this._statusSeq > this._latestSeq)) {
+      return null; // no session in the kernel: nothing to total
+    }
+    const fromPayloads = this._live.length ? sessionTotals(this._live) : null;
     if (s && (fromPayloads === null || s.cells >= fromPayloads.cells)) {
-      return { cells: s.cells, native: s.native, composite: s.composite, fallback: s.fallback };
+      const totals: ISessionTotals = { cells: s.cells, ...zeroCounts() };
+      for (const route of ROUTES) {
+        totals[route] = s[route];
+      }
+      return totals;
     }
     return fromPayloads;
   }
 
-  private _noteLive(payload: IRoutingPayload): void {
+  private _noteLive(payload: IRoutingPayload, fromKernel: boolean): void {
     this._live.push(payload);
-    if (!this._latest || !newer(this._latest, payload)) {
+    if (fromKernel && (!this._latest || !newer(this._latest, payload))) {
       this._latest = payload;
       this._latestSeq = ++this._seq;
     }

@@ -16,11 +16,11 @@ import {
   tooltipText,
   totalsText
 } from '../src/format';
-import { payload } from './fixtures';
+import { counts, payload, totals } from './fixtures';
 
 describe('badge text', () => {
   it('reads like the kernel text', () => {
-    assert.equal(badgeText({ native: 412, composite: 37, fallback: 3 }), '412 native · 37 composite · 3 CPU');
+    assert.equal(badgeText(counts(412, 37, 3)), '412 native · 37 composite · 3 CPU');
   });
 
   it('is compact for large counts, exact on request', () => {
@@ -29,32 +29,70 @@ describe('badge text', () => {
     assert.equal(formatCount(123_456), '123k');
     assert.equal(formatCount(2_500_000), '2.5M');
     assert.equal(formatCount(10_000), '10k');
-    assert.equal(badgeText({ native: 12_345, composite: 0, fallback: 0 }), '12.3k native · 0 composite · 0 CPU');
-    assert.equal(badgeText({ native: 12_345, composite: 0, fallback: 0 }, true), '12,345 native · 0 composite · 0 CPU');
+    assert.equal(badgeText(counts(12_345, 0, 0)), '12.3k native · 0 composite · 0 CPU');
+    assert.equal(badgeText(counts(12_345, 0, 0), true), '12,345 native · 0 composite · 0 CPU');
     assert.equal(formatExact(1_234_567), '1,234,567');
+  });
+});
+
+describe('yours and refused', () => {
+  it('are counted in the pill only when there are any', () => {
+    assert.equal(badgeText(counts(4, 2, 0, 1, 0)), '4 native · 2 composite · 1 yours · 0 CPU');
+    assert.equal(badgeText(counts(4, 2, 0, 0, 1)), '4 native · 2 composite · 0 CPU · 1 refused');
+    assert.equal(badgeLevel(counts(4, 0, 0, 1, 0)), 'native'); // on the device, nothing copied
+    assert.equal(badgeLevel(counts(4, 0, 3, 0, 1)), 'refused');
+  });
+
+  it('are told apart in the tooltip: refused is no fallback, yours ran on the device', () => {
+    const site = 'cell [16], line 1';
+    const refused = tooltipText(
+      payload({
+        policy: 'error',
+        counts: counts(5, 1, 0, 0, 1),
+        ops: counts(2, 1, 0, 0, 1),
+        top_fallbacks: [],
+        top_refused: [{ op: 'aten::_pdist_forward', calls: 1, reason: 'refused: the fallback policy is "error"', site }],
+        bytes_copied: 0
+      })
+    );
+    assert.match(refused, /\nRefused by the fallback policy \(error\): the call raised\n {2}aten::_pdist_forward ×1 at cell \[16\], line 1/);
+    assert.match(refused, /\nNothing fell back to the CPU\.\n/);
+    assert.doesNotMatch(refused, /Fell back/);
+    assert.match(refused, /Op calls: 5 native, 1 composite, 0 CPU fallback, 1 refused/);
+    const yours = tooltipText(
+      payload({
+        counts: counts(5, 1, 0, 1),
+        top_fallbacks: [],
+        top_yours: [{ op: 'aten::_pdist_forward', calls: 1, reason: 'your register_fallback implementation', site }],
+        bytes_copied: 0
+      })
+    );
+    assert.match(yours, /Ran your register_fallback implementation, on the device \(nothing copied\):\n {2}aten::_pdist_forward ×1/);
+    assert.match(yours, /Op calls: 5 native, 1 composite, 1 your implementation, 0 CPU fallback/);
+    assert.doesNotMatch(yours, /Fell back/);
   });
 });
 
 describe('badge colour', () => {
   it('is the fallback colour as soon as one op call fell back', () => {
-    assert.equal(badgeLevel({ native: 1000, composite: 50, fallback: 1 }), 'fallback');
+    assert.equal(badgeLevel(counts(1000, 50, 1)), 'fallback');
   });
 
   it('hints at composite routes, and is plain otherwise', () => {
-    assert.equal(badgeLevel({ native: 10, composite: 1, fallback: 0 }), 'composite');
-    assert.equal(badgeLevel({ native: 10, composite: 0, fallback: 0 }), 'native');
-    assert.equal(badgeLevel({ native: 0, composite: 0, fallback: 0 }), 'native');
+    assert.equal(badgeLevel(counts(10, 1, 0)), 'composite');
+    assert.equal(badgeLevel(counts(10, 0, 0)), 'native');
+    assert.equal(badgeLevel(counts(0, 0, 0)), 'native');
   });
 });
 
 describe('tooltip', () => {
   it('lists target, exact counts, the top fallback ops with reasons and the costs', () => {
     assert.equal(
-      tooltipText(payload({ counts: { native: 41_200, composite: 37, fallback: 3 } })),
+      tooltipText(payload({ counts: counts(41_200, 37, 3) })),
       [
         'torch_adapter · target mps (simulated) · policy allow',
         'Op calls: 41,200 native, 37 composite, 3 CPU fallback',
-        'Distinct ops: 40 native, 5 composite, 1 fallback',
+        'Distinct ops: 40 native, 5 composite, 1 CPU fallback',
         'Fell back to the CPU (most calls first):',
         '  aten::nonzero ×3 at train.py:12 — no MPS kernel and no decomposition',
         'cell 12.5 ms · traced ops 8.1 ms · 2.0 KiB copied to/from the CPU'
@@ -71,7 +109,7 @@ describe('tooltip', () => {
 
   it('says when nothing fell back', () => {
     const text = tooltipText(
-      payload({ simulated: false, target: 'cpu', counts: { native: 5, composite: 0, fallback: 0 }, top_fallbacks: [], bytes_copied: 0 })
+      payload({ simulated: false, target: 'cpu', counts: counts(5, 0, 0), top_fallbacks: [], bytes_copied: 0 })
     );
     assert.match(text, /^torch_adapter · target cpu · policy allow\n/);
     assert.match(text, /\nNothing fell back to the CPU\.\n/);
@@ -102,19 +140,19 @@ describe('tooltip', () => {
 });
 
 describe('totals', () => {
-  const a = payload({ cell_id: 'a', counts: { native: 10, composite: 2, fallback: 1 }, session: { cells: 1, native: 10, composite: 2, fallback: 1 } });
-  const b = payload({ cell_id: 'b', counts: { native: 5, composite: 0, fallback: 0 }, session: { cells: 2, native: 15, composite: 2, fallback: 1 } });
+  const a = payload({ cell_id: 'a', counts: counts(10, 2, 1), session: totals(1, 10, 2, 1) });
+  const b = payload({ cell_id: 'b', counts: counts(5, 0, 0), session: totals(2, 15, 2, 1) });
 
   it('sums the cells received', () => {
-    assert.deepEqual(sumCounts([a, b]), { cells: 2, native: 15, composite: 2, fallback: 1 });
-    assert.deepEqual(sumCounts([]), { cells: 0, native: 0, composite: 0, fallback: 0 });
+    assert.deepEqual(sumCounts([a, b]), totals(2, 15, 2, 1));
+    assert.deepEqual(sumCounts([]), totals(0, 0, 0, 0));
   });
 
   it("takes the kernel's session totals from the payload that counted most cells", () => {
-    assert.deepEqual(sessionTotals([b, a]), { cells: 2, native: 15, composite: 2, fallback: 1 });
+    assert.deepEqual(sessionTotals([b, a]), totals(2, 15, 2, 1));
     // A cell run twice: the kernel counts both runs, the per-cell list shows one.
-    const again = payload({ cell_id: 'a', session: { cells: 3, native: 25, composite: 4, fallback: 2 } });
-    assert.deepEqual(sessionTotals([a, b, again]), { cells: 3, native: 25, composite: 4, fallback: 2 });
+    const again = payload({ cell_id: 'a', session: totals(3, 25, 4, 2) });
+    assert.deepEqual(sessionTotals([a, b, again]), totals(3, 25, 4, 2));
   });
 
   it('falls back to the sum without session fields', () => {
@@ -122,12 +160,12 @@ describe('totals', () => {
   });
 
   it('reads as text with exact numbers', () => {
-    assert.equal(totalsText({ cells: 1, native: 12_345, composite: 0, fallback: 2 }), '1 cell · 12,345 native · 0 composite · 2 CPU');
-    assert.equal(totalsText({ cells: 3, native: 1, composite: 2, fallback: 3 }), '3 cells · 1 native · 2 composite · 3 CPU');
+    assert.equal(totalsText(totals(1, 12_345, 0, 2)), '1 cell · 12,345 native · 0 composite · 2 CPU');
+    assert.equal(totalsText(totals(3, 1, 2, 3)), '3 cells · 1 native · 2 composite · 3 CPU');
   });
 
   it('splits shares in percent', () => {
-    assert.deepEqual(shares({ native: 3, composite: 1, fallback: 0 }), { native: 75, composite: 25, fallback: 0 });
-    assert.deepEqual(shares({ native: 0, composite: 0, fallback: 0 }), { native: 0, composite: 0, fallback: 0 });
+    assert.deepEqual(shares(counts(3, 1, 0)), counts(75, 25, 0));
+    assert.deepEqual(shares(counts(0, 0, 0)), counts(0, 0, 0));
   });
 });

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
 import { metadataSummary, parsePayload, VERSION } from '../src/schema';
-import { payload } from './fixtures';
+import { counts, payload } from './fixtures';
 
 function error(data: unknown): string {
   const result = parsePayload(data);
@@ -11,7 +11,7 @@ function error(data: unknown): string {
 }
 
 describe('parsePayload', () => {
-  it('reads a version-1 payload as is', () => {
+  it('reads a version-2 payload as is', () => {
     const p = payload();
     const result = parsePayload(JSON.parse(JSON.stringify(p)));
     assert.deepEqual(result, { ok: true, payload: p, warning: null });
@@ -37,13 +37,13 @@ describe('parsePayload', () => {
     assert.match(error({ ...payload(), counts: 'many' }), /^"counts": expected an object like/);
   });
 
-  it('reads a newer version for its version-1 fields, with a warning', () => {
+  it('reads a newer version for its version-2 fields, with a warning', () => {
     const result = parsePayload({ ...payload(), version: VERSION + 1, extra: { new: true } });
     assert.ok(result.ok);
     if (result.ok) {
-      assert.equal(result.payload.version, 2);
-      assert.deepEqual(result.payload.counts, { native: 412, composite: 37, fallback: 3 });
-      assert.match(result.warning ?? '', /payload version 2 is newer than this extension's \(1\)/);
+      assert.equal(result.payload.version, 3);
+      assert.deepEqual(result.payload.counts, counts(412, 37, 3));
+      assert.match(result.warning ?? '', /payload version 3 is newer than this extension's \(2\)/);
     }
   });
 
@@ -61,8 +61,9 @@ describe('parsePayload', () => {
       assert.equal(p.execution_count, null);
       assert.equal(p.simulated, false);
       assert.equal(p.policy, 'allow');
-      assert.deepEqual(p.ops, { native: 0, composite: 0, fallback: 0 });
+      assert.deepEqual(p.ops, counts(0, 0, 0));
       assert.deepEqual(p.top_fallbacks, []);
+      assert.deepEqual(p.top_refused, []);
       assert.equal(p.wall_ms, null);
       assert.equal(p.session, null);
     }

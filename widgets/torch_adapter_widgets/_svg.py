@@ -85,20 +85,31 @@ def stacked_bars(labels: Sequence[str], series: dict[str, Sequence[int]], colors
     return "".join(parts)
 
 
+_BOLD_EM = 7.2  # px per character of 11px bold text, wide fonts included (a title is never clipped)
+_EM = 6.6
+
+
 def bars_with_spread(names: Sequence[str], values: Sequence[float], lows: Sequence[float],
-                     highs: Sequence[float], colors: Sequence[str], *, title: str, unit: str = " %",
-                     height: int = 200, bar_width: int = 56) -> str:
-    """Bars with a spread whisker (``lows[i]`` .. ``highs[i]``); each value's label sits
-    above its whisker, so the two never cross."""
+                     highs: Sequence[float], colors: Sequence[str], *, title: str, subtitle: str = "",
+                     unit: str = " %", height: int = 200, bar_width: int = 56) -> str:
+    """Bars with a spread whisker (``lows[i]`` .. ``highs[i]``). The scale leaves room above
+    the highest whisker (up to 3× the highest value; beyond, a whisker is cut at the top and
+    its tooltip has it) and each value's label sits above its whisker, so the two never cross.
+    The title (bold) and the subtitle each have a line of their own, and the chart is as wide
+    as they are."""
     n = len(names)
-    left, top, bottom = 56, 40, 26
-    width = max(240, n * (bar_width + 24) + 24, len(title) * 6 - left + 8)
-    # The scale follows the values; a whisker beyond it is cut at the top (its tooltip has it).
-    ymax = nice_max(max(values, default=0) * 1.3)
+    left, bottom = 56, 26
+    top = 56 if subtitle else 42
+    text_width = max(len(title) * _BOLD_EM, len(subtitle) * _EM) + 16
+    width = int(max(240, n * (bar_width + 24) + 24, text_width - left + 8))
+    peak = max(values, default=0)
+    ymax = nice_max(max([peak * 1.15, *(min(h, 3 * peak) for h in highs)], default=0) * 1.12)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="torch-adapter-chart" role="img" '
              f'width="{left + width + 8}" height="{top + height + bottom}" style="{_FONT}">',
-             f"<title>{html.escape(title)}</title>",
-             f'<text x="{left}" y="14" font-weight="600">{html.escape(title)}</text>']
+             f"<title>{html.escape(title)}{(' — ' + html.escape(subtitle)) if subtitle else ''}</title>",
+             f'<text class="torch-adapter-title" x="8" y="14" font-weight="600">{html.escape(title)}</text>']
+    if subtitle:
+        parts.append(f'<text class="torch-adapter-subtitle" x="8" y="29" fill="#666">{html.escape(subtitle)}</text>')
     parts += _axis(height, top, left, width, ymax, unit)
 
     def y_of(v: float) -> float:

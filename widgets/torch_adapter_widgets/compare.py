@@ -40,8 +40,8 @@ class ThroughputComparison(w.VBox):
     def chart_svg(self) -> str:
         names, kept, lows, highs = self._bars()
         colors = ["#607d8b"] + ["#1976d2"] * max(0, len(names) - 1)
-        return bars_with_spread(names, kept, lows, highs, colors,
-                                title="throughput kept vs the baseline (median; whisker: spread over runs)")
+        return bars_with_spread(names, kept, lows, highs, colors, title="throughput kept vs the baseline",
+                                subtitle="bar: median of the runs · whisker: spread over the runs")
 
     def notes_html(self) -> str:
         base = baseline_of(self.result)

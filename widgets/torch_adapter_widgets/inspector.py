@@ -10,33 +10,24 @@ Front ends without widgets show :meth:`RoutingInspector.html` / :meth:`text`.
 from __future__ import annotations
 
 import html
-import math
 from typing import Any
 
 import ipywidgets as w
+from torch_adapter.routing.wording import COLORS, LONG, ROUTES, format_bytes
 
 from ._svg import stacked_bars
 
 __all__ = ["RoutingInspector", "format_bytes"]
 
-ROUTES = ("native", "composite", "fallback")
-COLORS = {"native": "#2e7d32", "composite": "#f9a825", "fallback": "#c62828"}
 SORT_KEYS = {"calls": lambda r: (-r["calls"], r["op"]), "op": lambda r: (r["op"], r["target"]),
              "route": lambda r: (ROUTES.index(r["route"]), -r["calls"]),
              "time": lambda r: (-r["self_time_ms"], r["op"]), "bytes": lambda r: (-r["bytes_copied"], r["op"])}
 ALL = "all"
 
 
-def format_bytes(n: int) -> str:
-    """Bytes as the Lab badge writes them: ``"512 B"``, ``"32.3 KiB"``, ``"1.5 MiB"``."""
-    value, unit = float(max(0, n)), 0
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
-    while value >= 1024 and unit < len(units) - 1:
-        value /= 1024
-        unit += 1
-    if unit == 0:
-        return f"{int(value)} B"
-    return f"{math.floor(value * 10 + 0.5) / 10:.1f} {units[unit]}"  # half up, as JavaScript's toFixed(1)
+def _shown(counts: dict[str, int]) -> list[str]:
+    """The routes a line shows: native, composite and fallback always; yours and refused when any."""
+    return [r for r in ROUTES if r in ("native", "composite", "fallback") or counts.get(r, 0)]
 
 
 def _label(payload: dict[str, Any]) -> str:
@@ -157,9 +148,7 @@ class RoutingInspector(w.VBox):
         t = self.totals()
         n = len(self.cells)
         return (f"<div class='torch-adapter-inspector-head'><b>Op routing</b> · {n} {'cell' if n == 1 else 'cells'} · "
-                f"<span data-route='native'>{t['native']:,} native</span> · "
-                f"<span data-route='composite'>{t['composite']:,} composite</span> · "
-                f"<span data-route='fallback'>{t['fallback']:,} CPU fallback</span> op calls"
+                + " · ".join(f"<span data-route='{r}'>{t[r]:,} {LONG[r]}</span>" for r in _shown(t)) + " op calls"
                 f"{self._dtype_html()}</div>")
 
     def _dtype_html(self) -> str:
@@ -174,8 +163,9 @@ class RoutingInspector(w.VBox):
 
     def _chart_svg(self) -> str:
         labels = [c["label"] for c in self.cells]
-        series = {r: [c["counts"][r] for c in self.cells] for r in ROUTES}
-        return f"<div style='overflow-x:auto'>{stacked_bars(labels, series, COLORS, title='op calls per cell by route')}</div>"
+        routes = _shown(self.totals())
+        series = {r: [c["counts"][r] for c in self.cells] for r in routes}
+        return f"<div style='overflow-x:auto'>{stacked_bars(labels, series, {r: COLORS[r] for r in routes}, title='op calls per cell by route')}</div>"
 
     def _table_html(self, rows: list[dict[str, Any]]) -> str:
         shown = rows[:self.max_rows]
@@ -198,10 +188,9 @@ class RoutingInspector(w.VBox):
         return (f"<div class='torch-adapter-table' style='max-height:360px;overflow:auto'>"
                 f"<table style='border-collapse:collapse;font-size:12px'><thead><tr>{head}</tr></thead>"
                 f"<tbody>{body}</tbody></table></div>{more}"
-                f"<div class='torch-adapter-table-totals' data-rows='{len(rows)}' data-native='{calls['native']}' "
-                f"data-composite='{calls['composite']}' data-fallback='{calls['fallback']}' style='color:#666'>"
-                f"{len(rows)} rows · {calls['native']:,} native · {calls['composite']:,} composite · "
-                f"{calls['fallback']:,} CPU fallback op calls</div>")
+                f"<div class='torch-adapter-table-totals' data-rows='{len(rows)}' "
+                + " ".join(f"data-{r}='{calls[r]}'" for r in ROUTES) + " style='color:#666'>"
+                f"{len(rows)} rows · " + " · ".join(f"{calls[r]:,} {LONG[r]}" for r in _shown(calls)) + " op calls</div>")
 
     def _refresh_table(self, change: Any = None) -> None:
         rows = self.rows()
@@ -229,10 +218,11 @@ class RoutingInspector(w.VBox):
     def text(self) -> str:
         """A plain-text rendering: totals per cell and the top ops."""
         t = self.totals()
-        lines = [f"torch_adapter RoutingInspector: {len(self.cells)} cells · {t['native']:,} native · "
-                 f"{t['composite']:,} composite · {t['fallback']:,} CPU fallback op calls"]
-        lines += [f"  cell {c['label']:>6} {c['target']}: {c['counts']['native']:,} native · "
-                  f"{c['counts']['composite']:,} composite · {c['counts']['fallback']:,} CPU" for c in self.cells]
+        lines = [f"torch_adapter RoutingInspector: {len(self.cells)} cells · "
+                 + " · ".join(f"{t[r]:,} {LONG[r]}" for r in _shown(t)) + " op calls"]
+        lines += [f"  cell {c['label']:>6} {c['target']}: "
+                  + " · ".join(f"{c['counts'][r]:,} {r if r != 'fallback' else 'CPU'}" for r in _shown(c["counts"]))
+                  for c in self.cells]
         lines += [f"  dtype {f['dtype']} not on {f['target']}: {f['op']} ×{f['calls']:,}"
                   + (f" at {f['site']}" if f.get("site") else "") for f in self.dtype_findings.values()]
         rows = self.rows()

@@ -16,7 +16,8 @@ from .model import SEVERITIES, SEVERITY_ICON, SEVERITY_LABEL, SEVERITY_RANK, Fin
 
 __all__ = ["render_html", "html_context", "ROUTE_COLORS"]
 
-ROUTE_COLORS = {"native": "#2e9d4f", "composite": "#d9a21b", "fallback": "#d2453b"}
+ROUTE_COLORS = {"native": "#2e9d4f", "composite": "#d9a21b", "yours": "#1565c0", "fallback": "#d2453b",
+                "refused": "#6a1b9a"}
 _MAX_OPS = 300
 _CHART_W = 560
 
@@ -44,7 +45,7 @@ def _bars(parts: dict[str, float]) -> list[dict[str, Any]]:
     total = sum(parts.values())
     x = 0.0
     out = []
-    for route in ("native", "composite", "fallback"):
+    for route in ROUTE_COLORS:
         w = (parts.get(route, 0) / total * _CHART_W) if total else 0.0
         out.append({"route": route, "x": round(x, 2), "w": round(w, 2), "color": ROUTE_COLORS[route],
                     "value": parts.get(route, 0), "share": (parts.get(route, 0) / total) if total else 0.0})

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from ..errors import CheckError, format_error
-from .model import SCHEMA, VERSION, Report
+from .model import READS, SCHEMA, VERSION, Report
 
 __all__ = ["render_json", "load_report_json"]
 
@@ -27,7 +27,7 @@ def load_report_json(text: str) -> dict[str, Any]:
     except ValueError as exc:
         raise CheckError(format_error("load_report_json()", "a JSON document", f"{text[:40]!r}...",
                                       why=str(exc), fix="pass the file written by `check --output x.json`")) from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or data.get("version") != VERSION:
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or data.get("version") not in READS:
         got = {k: data.get(k) for k in ("schema", "version")} if isinstance(data, dict) else type(data).__name__
         raise CheckError(format_error("load_report_json()", f"schema {SCHEMA!r} version {VERSION}", repr(got),
                                       fix="regenerate the report with this version of torch-adapter"))

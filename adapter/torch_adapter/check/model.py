@@ -12,6 +12,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..routing.wording import ROUTES
+
 __all__ = [
     "SCHEMA",
     "VERSION",
@@ -30,7 +32,8 @@ __all__ = [
 ]
 
 SCHEMA = "torch-adapter.check-report"
-VERSION = 1
+VERSION = 2  # 2: the runtime summary counts five routes (yours, refused: docs/routing.md)
+READS = (1, 2)
 
 # Ordered from harmless to blocking; "--fail-on warn" means review or worse.
 SEVERITIES = ("handled", "review", "unsupported")
@@ -163,7 +166,7 @@ class RuntimeSection:
         """Share of calls per route (0..1); all zeros when nothing ran."""
         total = sum(self.calls_by_route.values())
         return {r: (self.calls_by_route.get(r, 0) / total if total else 0.0)
-                for r in ("native", "composite", "fallback")}
+                for r in ROUTES}
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -111,7 +111,10 @@ def _runtime(rt: Any) -> list[Any]:
     t = Text()
     t.append(f"runtime: {' '.join(rt.command)}  (target {rt.target}{', simulated' if rt.simulated else ''}, "
              f"exit {rt.exit_code})\n", style="bold")
-    for route, style in (("native", "green"), ("composite", "yellow"), ("fallback", "red")):
+    for route, style in (("native", "green"), ("composite", "yellow"), ("yours", "blue"), ("fallback", "red"),
+                         ("refused", "magenta")):
+        if route in ("yours", "refused") and not rt.calls_by_route.get(route, 0):
+            continue
         t.append(f"{route}: {rt.calls_by_route.get(route, 0)} calls ({shares[route]:.1%}), "
                  f"{rt.ops_by_route.get(route, 0)} ops   ", style=style)
     out.append(Panel(t, expand=False))

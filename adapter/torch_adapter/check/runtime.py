@@ -26,14 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckError, format_error
+from ..routing.wording import ROUTES as _ROUTES, WORST_FIRST
 from .model import FallbackOp, Finding, Note, OpRow, Report, RuntimeSection, SiteRef
 
 __all__ = ["parse_command", "run_traced", "load_routing_log", "validate_routing_log", "join_runtime",
            "LOG_SCHEMA", "LOG_VERSION", "ROUTES"]
 
 LOG_SCHEMA = "torch-adapter.routing-log"
-LOG_VERSION = 1
-ROUTES = ("native", "composite", "fallback")
+LOG_VERSION = 2
+LOG_READS = (1, 2)  # version 1: three routes (no "yours", no "refused")
+ROUTES = _ROUTES
 TOP_FALLBACKS = 10
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
@@ -123,7 +125,7 @@ def _bad(where: str, expected: str, got: Any) -> CheckError:
 
 def validate_routing_log(data: Any, where: str = "<data>") -> dict[str, Any]:
     """``data`` if it is a routing log of the supported schema, else CheckError."""
-    if not isinstance(data, dict) or data.get("schema") != LOG_SCHEMA or data.get("version") != LOG_VERSION:
+    if not isinstance(data, dict) or data.get("schema") != LOG_SCHEMA or data.get("version") not in LOG_READS:
         got = {k: data.get(k) for k in ("schema", "version")} if isinstance(data, dict) else data
         raise _bad(where, f'{{"schema": "{LOG_SCHEMA}", "version": {LOG_VERSION}, ...}}', got)
     ops = data.get("ops")
@@ -189,8 +191,7 @@ def join_runtime(report: Report, log: dict[str, Any], *, command: list[str] | No
                                  r["site"].get("cell"))
                   if r.get("site") else None)
              for r in log["ops"]]
-    order = {route: i for i, route in enumerate(("fallback", "composite", "native"))}
-    rows.sort(key=lambda r: (order[r.route], -r.calls, r.op))
+    rows.sort(key=lambda r: (WORST_FIRST[r.route], -r.calls, r.op))
     section = RuntimeSection(
         command=list(command or []), target=target, simulated=bool(log.get("simulated", False)),
         exit_code=exit_code,

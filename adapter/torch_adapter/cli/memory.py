@@ -140,5 +140,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from ..tools.memory import MemoryReport
 
-    print(MemoryReport.from_dict(data).render())
+    import shutil
+
+    print(MemoryReport.from_dict(data).render(width=shutil.get_terminal_size((140, 24)).columns))  # the terminal's
     return 0

@@ -4,7 +4,10 @@ Loading installs the adapter (target ``auto``, or what ``%adapter target`` chose
 registers ``pre_run_cell``/``post_run_cell`` callbacks. Each cell runs inside a routing
 trace; after a cell that ran aten ops the kernel publishes the cell's payload
 (:mod:`.schema`) as a display bundle and as a comm message, and hands it to listeners
-(the live inspector). ``%unload_ext`` unregisters every callback and uninstalls.
+(the live inspector). After every cell whose end finds the target, policy, observation
+or loading changed (``%adapter``, ``configure()``, ``%load_ext``), it sends the status too,
+so a front end shows the kernel's state, never an older payload's; ``%unload_ext`` sends a
+status saying the extension is not loaded, unregisters every callback and uninstalls.
 Instrumentation never breaks the user's cell: an observer that fails prints what failed
 and the cell goes on.
 """
@@ -32,10 +35,16 @@ def router() -> "CellRouter | None":
 def front_end_state() -> dict[str, Any]:
     """What a front end needs to rebuild its view after a reload (asked for silently by the
     Lab extension): ``{"status": <%adapter status>, "payloads": [<every cell's payload>]}``.
-    Raises when the extension is not loaded (the front end then says to load it)."""
+    When the extension is not loaded the status says so (``"loaded": false``), with no payloads."""
     if _ROUTER is None:
-        raise RuntimeError("torch_adapter is not loaded in this kernel: run %load_ext torch_adapter")
+        return {"status": dict(_unloaded_status()), "payloads": []}
     return {"status": dict(_ROUTER.status()), "payloads": list(_ROUTER.payloads)}
+
+
+def _unloaded_status() -> Any:
+    from ..core.state import current
+
+    return schema.build_status(current(), observing=False, totals={}, loaded=False)
 
 
 class CellRouter:
@@ -60,6 +69,7 @@ class CellRouter:
         self._log: Any = None
         self._t0 = 0.0
         self.failures = 0
+        self._sent: tuple[Any, ...] | None = None  # the state the last status message told
 
     # -- lifecycle --------------------------------------------------------------------
     def install(self) -> Any:
@@ -138,6 +148,12 @@ class CellRouter:
 
     def post_run_cell(self, result: Any = None) -> None:
         try:
+            self._summarise(result)
+        finally:
+            self.status_if_changed()
+
+    def _summarise(self, result: Any) -> None:
+        try:
             wall_ms = (time.perf_counter() - self._t0) * 1e3
             log = self._stop()
             if log is None or sum(log.summary().values()) == 0:
@@ -176,11 +192,22 @@ class CellRouter:
         if not self.publish_comm:
             return
         try:
-            from comm import create_comm
-
-            create_comm(target_name=schema.COMM_TARGET, data=self.status()).close()
+            status = self.status()
+            self._sent = _state_key(status)
+            send_status(status)
         except Exception as exc:
             self._report("sending the status comm message", exc)
+
+    def status_if_changed(self) -> None:
+        """:meth:`publish_status` when the state differs from what the last status said (after
+        every cell: a ``configure()`` call in the code changes the policy too)."""
+        try:
+            changed = _state_key(self.status()) != self._sent
+        except Exception as exc:
+            self._report("reading the adapter's status", exc)
+            return
+        if changed:
+            self.publish_status()
 
     def publish(self, payload: dict[str, Any]) -> None:
         if self.publish_display:
@@ -203,6 +230,17 @@ class CellRouter:
                 listener(payload)
             except Exception as exc:
                 self._report(f"the listener {getattr(listener, '__qualname__', listener)!r}", exc)
+
+
+def _state_key(status: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(status.get(k) for k in ("target", "simulated", "policy", "observing", "loaded"))
+
+
+def send_status(status: dict[str, Any]) -> None:
+    """One comm message with ``status`` (opened with it as data, then closed)."""
+    from comm import create_comm
+
+    create_comm(target_name=schema.COMM_TARGET, data=dict(status)).close()
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -239,3 +277,8 @@ def unload_ipython_extension(ipython: Any) -> None:
                     ipython.magics_manager.magics[kind].pop(name, None)
         user_view.uninstall()
     uninstall()
+    if cell_router is not None and cell_router.publish_comm:
+        try:  # the front end's panel says "not loaded" from now on
+            send_status(_unloaded_status())
+        except Exception as exc:
+            cell_router._report("sending the status comm message", exc)

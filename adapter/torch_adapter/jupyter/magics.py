@@ -65,6 +65,7 @@ class AdapterMagics(Magics):
                 raise UsageError("%adapter target: expected a target name, e.g. `%adapter target mps --simulate`")
             from ..session import switch
 
+            _check_target(args.value, args.simulate)
             try:  # the session before is suspended, not closed: `%adapter target` back to it resumes it
                 with self.router.unobserved():  # the ops switching runs (target probes) are not the cell's
                     session = switch(args.value, simulate=args.simulate)
@@ -205,7 +206,40 @@ class AdapterMagics(Magics):
         return report
 
 
-_ROUTE_COLORS = {"native": "#2e7d32", "composite": "#b26a00", "fallback": "#c62828"}
+def _check_target(value: str, simulate: bool) -> None:
+    """``%adapter target VALUE``: a name this kernel can switch to, or a UsageError in the
+    magic's words, with a did-you-mean (difflib) and the ``--simulate`` way to preview a
+    target this machine lacks. Paths (``.toml`` profiles) are left to the switch."""
+    import difflib
+
+    from ..errors import format_error
+    from ..routing.target import KNOWN, detect
+
+    name = value.strip().lower()
+    if name in ("auto", "host") or name.endswith(".toml") or "/" in name:
+        return
+    present = [t.name for t in detect() if t.present]
+    here = f"this machine has {', '.join(present)}"
+    if name not in KNOWN:
+        names = ["auto", *KNOWN]
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+        if close:
+            guess = close[0]
+            fix = f"did you mean `%adapter target {guess}`?"
+            if guess not in present and guess != "auto":
+                fix += f" This machine has no {guess}: `%adapter target {guess} --simulate` previews it here"
+        else:
+            fix = (f"name one of {', '.join(names)} ({here}); `%adapter target NAME --simulate` previews "
+                   "one this machine lacks, or a profile: `%adapter target my_accel.toml --simulate`")
+        raise UsageError(format_error(
+            f"%adapter target {value}", f"a target name ({', '.join(names)}) or a profile .toml",
+            repr(value), why="that is not a backend torch_adapter knows", fix=fix))
+    if name not in present and not simulate:
+        raise UsageError(format_error(
+            f"%adapter target {value}", f"a target present on this machine ({here})",
+            f"{name!r}, which is absent", why="running on a target needs its device",
+            fix=f"preview {name} on this machine: `%adapter target {name} --simulate`"
+                f" (ops routed as on {name}, computed here); or `%adapter target auto`"))
 
 
 # The trace table fits a notebook's output (~900 px): long op names and reasons wrap, the
@@ -224,21 +258,22 @@ def _site_html(site: Any) -> str:
 
 
 def _log_html(log: Any, limit: int | None) -> str:
-    from ..routing.log import _fmt_bytes
+    from ..routing.log import _fmt_bytes, counts_text, tree_prefix
+    from ..routing.wording import COLORS
 
-    records = log.records()
+    records = log.tree()
     shown = records[:limit] if limit else records
     head = "".join(f"<th style='text-align:{a}'>{h}</th>" for h, a, _ in _COLUMNS)
 
-    def row(r: Any) -> str:
-        cells = (f"<code>{'&nbsp;&nbsp;└ ' if r.parent else ''}{html.escape(r.op)}</code>",
-                 f"<span style='color:{_ROUTE_COLORS[r.route]}'>{r.route}</span>", f"{r.calls:,}",
+    def row(depth: int, r: Any) -> str:
+        cells = (f"<code>{html.escape(tree_prefix(depth))}{html.escape(r.op)}</code>",
+                 f"<span style='color:{COLORS[r.route]}'>{r.route}</span>", f"{r.calls:,}",
                  f"{r.self_time_ns / 1e6:.2f}", _fmt_bytes(r.bytes_copied) if r.bytes_copied else "",
                  _site_html(r.site), html.escape(r.reason))
-        return f"<tr data-route='{r.route}'>" + "".join(
+        return f"<tr data-route='{r.route}' data-depth='{depth}'>" + "".join(
             f"<td style='text-align:{a};{style}'>{c}</td>" for c, (_, a, style) in zip(cells, _COLUMNS)) + "</tr>"
 
-    body = "".join(row(r) for r in shown)
+    body = "".join(row(depth, r) for depth, r in shown)
     body += "".join(  # dtype findings: their own kind, never a route
         "<tr data-route='dtype'>" + "".join(f"<td style='text-align:{a};{style}'>{c}</td>" for c, (_, a, style) in zip((
             f"<code>{html.escape(f['op'])}</code>", f"<span style='color:#6a1b9a'>dtype {html.escape(f['dtype'])}</span>",
@@ -250,8 +285,8 @@ def _log_html(log: Any, limit: int | None) -> str:
             if len(records) > len(shown) else "")
     s = log.summary()
     target = f"{log.target or '?'}{' (simulated)' if log.simulated else ''}"
-    return (f"<div class='torch-adapter-trace'><b>Routing on {html.escape(target)}</b>: {s['native']:,} native · "
-            f"{s['composite']:,} composite · {s['fallback']:,} fallback calls · {_fmt_bytes(log.bytes_copied)} copied"
+    return (f"<div class='torch-adapter-trace'><b>Routing on {html.escape(target)}</b>: {html.escape(counts_text(s))} "
+            f"calls · {_fmt_bytes(log.bytes_copied)} copied"
             f"<table style='max-width:100%'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}</div>")
 
 

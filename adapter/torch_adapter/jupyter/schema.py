@@ -9,23 +9,29 @@ The same dict travels two ways after each cell that ran aten ops:
   (the front end's cell id, or ``None`` where the front end sends none: then
   ``execution_count`` identifies the cell).
 
-Schema ``torch-adapter.cell-routing`` version 1 (docs/jupyter.md)::
+Schema ``torch-adapter.cell-routing`` version 2 (docs/jupyter.md; version 1 had three
+routes and no ``top_yours``/``top_refused``)::
 
-    {"schema": "torch-adapter.cell-routing", "version": 1,
+    {"schema": "torch-adapter.cell-routing", "version": 2,
      "cell_id": "a1b2..." | null, "execution_count": 3,
      "target": "mps", "simulated": true, "policy": "allow",
-     "counts": {"native": 412, "composite": 37, "fallback": 3},   # op calls this cell
-     "ops": {"native": 40, "composite": 5, "fallback": 1},         # distinct ops this cell
+     "counts": {"native": 412, "composite": 37, "yours": 2, "fallback": 3, "refused": 0},  # op calls
+     "ops": {"native": 40, "composite": 5, "yours": 1, "fallback": 1, "refused": 0},      # distinct ops
      "top_fallbacks": [{"op": "aten::nonzero", "calls": 3, "reason": "...",
-                        "site": "train.py:12" | null}],
+                        "site": "train.py:12" | null}],        # route fallback: ran on the CPU
+     "top_yours": [...], "top_refused": [...],                  # the same, for those routes
      "wall_ms": 12.5, "op_time_ms": 8.1, "bytes_copied": 2048,
-     "session": {"cells": 3, "native": 900, "composite": 80, "fallback": 5},
+     "session": {"cells": 3, "native": 900, "composite": 80, "yours": 2, "fallback": 5, "refused": 0},
      "dtypes": {"judged": true, "note": "", "calls": 1,              # simulated targets only
                 "findings": [{"op": "aten::empty.memory_format", "dtype": "float64", "calls": 1,
                               "message": "...", "site": "cell [4], line 1" | null}]}}
 
 ``dtypes`` is a finding kind of its own, never a route: calls the real target refuses for their
 dtype (``configure(dtype_check="record")``); ``judged`` false says the profile has no dtype data.
+
+The status (:data:`STATUS_SCHEMA`, same version) is what ``%adapter`` shows, plus ``loaded``
+(the extension is loaded in this kernel); the kernel sends it whenever target, policy,
+observation or loading changed, and answers it to a front end that asks (front_end_state).
 
 Renderings here are pure functions of the payload.
 """
@@ -35,14 +41,16 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from ..routing.wording import COLORS as _COLORS, LONG, ROUTES as _ROUTES, SHORT
+
 __all__ = ["MIME", "COMM_TARGET", "SCHEMA", "VERSION", "STATUS_SCHEMA", "Status", "build_payload", "build_status",
            "render_text", "render_html", "bundle"]
 
 MIME = "application/vnd.torch-adapter.routing+json"
 COMM_TARGET = "torch_adapter"
 SCHEMA = "torch-adapter.cell-routing"
-VERSION = 1
-ROUTES = ("native", "composite", "fallback")
+VERSION = 2
+ROUTES = _ROUTES
 
 
 STATUS_SCHEMA = "torch-adapter.status"
@@ -62,13 +70,15 @@ def build_payload(log: Any, *, cell_id: str | None, execution_count: int | None,
     distinct: dict[str, set[str]] = {r: set() for r in ROUTES}
     for rec in records:
         distinct[rec.route].add(rec.op)
-    fallbacks = sorted((r for r in records if r.route == "fallback"), key=lambda r: -r.calls)[:top]
+    def top_of(route: str) -> list[dict[str, Any]]:
+        ranked = sorted((r for r in records if r.route == route), key=lambda r: -r.calls)[:top]
+        return [{"op": r.op, "calls": r.calls, "reason": r.reason, "site": _site(r.site)} for r in ranked]
+
     return {
         "schema": SCHEMA, "version": VERSION, "cell_id": cell_id, "execution_count": execution_count,
         "target": log.target, "simulated": bool(log.simulated), "policy": policy,
         "counts": log.summary(), "ops": {r: len(distinct[r]) for r in ROUTES},
-        "top_fallbacks": [{"op": r.op, "calls": r.calls, "reason": r.reason, "site": _site(r.site)}
-                          for r in fallbacks],
+        "top_fallbacks": top_of("fallback"), "top_yours": top_of("yours"), "top_refused": top_of("refused"),
         "wall_ms": round(wall_ms, 3),
         "op_time_ms": round(sum(r.self_time_ns for r in records) / 1e6, 3),
         "bytes_copied": int(log.bytes_copied),
@@ -101,14 +111,22 @@ def _label(payload: dict[str, Any]) -> str:
     return f"{payload['target']}{' (simulated)' if payload['simulated'] else ''}"
 
 
+def counts_text(counts: dict[str, int], words: dict[str, str] = SHORT) -> str:
+    """``"412 native · 37 composite · 3 CPU"``, with yours and refused when there are any."""
+    return " · ".join(f"{counts.get(r, 0):,} {words[r]}" for r in ROUTES
+                      if r in ("native", "composite", "fallback") or counts.get(r, 0))
+
+
+_TOP = (("top_refused", "refused"), ("top_fallbacks", "fallback"), ("top_yours", "yours"))
+
+
 def render_text(payload: dict[str, Any]) -> str:
-    c = payload["counts"]
-    line = (f"torch_adapter [{_label(payload)}]: {c['native']} native · {c['composite']} composite · "
-            f"{c['fallback']} CPU fallback op calls ({payload['ops']['fallback']} distinct ops fell back)"
-            f"{_dtype_text(payload)}")
-    for fb in payload["top_fallbacks"]:
-        where = f" at {fb['site']}" if fb["site"] else ""
-        line += f"\n  fallback {fb['op']} ×{fb['calls']}{where}: {fb['reason']}"
+    line = (f"torch_adapter [{_label(payload)}]: {counts_text(payload['counts'], LONG)} op calls "
+            f"({payload['ops']['fallback']} distinct ops fell back to the CPU){_dtype_text(payload)}")
+    for key, route in _TOP:
+        for fb in payload.get(key, []):
+            where = f" at {fb['site']}" if fb["site"] else ""
+            line += f"\n  {LONG[route]} {fb['op']} ×{fb['calls']}{where}: {fb['reason']}"
     d = payload.get("dtypes") or {}
     for f in d.get("findings", []):
         where = f" at {f['site']}" if f["site"] else ""
@@ -118,9 +136,6 @@ def render_text(payload: dict[str, Any]) -> str:
     return line
 
 
-_COLORS = {"native": "#2e7d32", "composite": "#f9a825", "fallback": "#c62828"}
-
-
 def render_html(payload: dict[str, Any]) -> str:
     c = payload["counts"]
     total = max(1, sum(c.values()))
@@ -128,15 +143,16 @@ def render_html(payload: dict[str, Any]) -> str:
         f'<span title="{r}: {c[r]}" style="display:inline-block;height:8px;width:{100 * c[r] / total:.2f}%;'
         f'background:{_COLORS[r]}"></span>' for r in ROUTES if c[r])
     tips = "".join(
-        f"<li><code>{html.escape(fb['op'])}</code> ×{fb['calls']}"
+        f"<li>{LONG[route]} <code>{html.escape(fb['op'])}</code> ×{fb['calls']}"
         f"{' at <code>' + html.escape(fb['site']) + '</code>' if fb['site'] else ''}: {html.escape(fb['reason'])}</li>"
-        for fb in payload["top_fallbacks"])
-    colour = _COLORS["fallback"] if c["fallback"] else _COLORS["native"]
+        for key, route in _TOP for fb in payload.get(key, []))
+    worst = next((r for r in ("refused", "fallback") if c.get(r)), "native")
+    colour = _COLORS[worst]
     return (
         f'<div class="torch-adapter-routing" style="font-family:sans-serif;font-size:12px;'
         f'border-left:3px solid {colour};padding:2px 6px">'
         f"<b>torch_adapter</b> [{html.escape(_label(payload))}] "
-        f"{c['native']} native · {c['composite']} composite · {c['fallback']} CPU{html.escape(_dtype_text(payload))}"
+        f"{html.escape(counts_text(c))}{html.escape(_dtype_text(payload))}"
         f'<div style="width:240px;background:#eee">{bar}</div>'
         f"{'<ul style=margin:2px>' + tips + '</ul>' if tips else ''}</div>")
 
@@ -152,22 +168,22 @@ class Status(dict):
 
     def text(self) -> str:
         if self.get("target") is None:
-            return "torch_adapter: not installed"
+            return "torch_adapter: not installed" + ("" if self.get("loaded") else " (the extension is not loaded)")
         label = f"{self['target']}{' (simulated)' if self['simulated'] else ''}"
         return "\n".join([
             f"torch_adapter  target {label}",
             f"  fallback policy  {self['policy']}",
             f"  AMP dtype        {self['amp']}",
             f"  observing        {'on' if self['observing'] else 'off'} (per-cell routing reports)",
-            f"  session          {self['cells']} cells · {self['native']:,} native · {self['composite']:,} composite · "
-            f"{self['fallback']:,} CPU fallback op calls"])
+            f"  session          {self['cells']} cells · {counts_text(self, LONG)} op calls"])
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(self.text())
 
 
-def build_status(session: Any, *, observing: bool, totals: dict[str, int]) -> Status:
-    """The status of ``session`` (None: not installed) with the router's totals."""
+def build_status(session: Any, *, observing: bool, totals: dict[str, int], loaded: bool = True) -> Status:
+    """The status of ``session`` (None: not installed) with the router's totals; ``loaded``:
+    the extension is loaded in this kernel."""
     amp = None
     if session is not None:
         import torch
@@ -184,4 +200,5 @@ def build_status(session: Any, *, observing: bool, totals: dict[str, int]) -> St
         "simulated": bool(session.target.simulated) if session is not None else False,
         "policy": session.config.fallback if session is not None else None,
         "amp_dtype": session.config.amp_dtype if session is not None else None, "amp": amp,
-        "observing": bool(observing), **{k: int(v) for k, v in totals.items()}})
+        "observing": bool(observing), "loaded": bool(loaded),
+        **{"cells": 0, **dict.fromkeys(ROUTES, 0), **{k: int(v) for k, v in totals.items()}}})

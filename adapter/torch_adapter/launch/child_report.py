@@ -224,7 +224,7 @@ def _recorded_redirects(rows: list[dict[str, Any]]) -> Any:
 
 def render(records: list[dict[str, Any]], console: Any) -> None:
     """One labelled report per child that recorded ops, then the totals over all of them."""
-    from ..routing.log import RoutingLog
+    from ..routing.log import RoutingLog, counts_text
 
     shown = reported(records)
     total = RoutingLog()
@@ -235,6 +235,4 @@ def render(records: list[dict[str, Any]], console: Any) -> None:
         console.print(f"[bold]{label(r)}[/bold]: routing")
         console.print(log)
     if len(shown) > 1:
-        s = total.summary()
-        console.print(f"torch_adapter: all {len(shown)} processes together: {s['native']} native · "
-                      f"{s['composite']} composite · {s['fallback']} fallback op calls")
+        console.print(f"torch_adapter: all {len(shown)} processes together: {counts_text(total.summary())} op calls")

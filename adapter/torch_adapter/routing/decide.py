@@ -6,12 +6,15 @@ Order (measured to reproduce plain results bit-for-bit: docs/figures/README.md#r
 2. the target's own kernel                                               -> NATIVE
 3. a view or metadata op (no kernel needed)                              -> NATIVE
 4. forced to the CPU (profile ``fallback`` / ``configure(force_cpu=)``)  -> FALLBACK
-5. a Python implementation from ``register_fallback``                    -> FALLBACK
+5. a Python implementation from ``register_fallback``                    -> YOURS (on the device)
 6. the op's own CompositeExplicitAutograd / CompositeImplicitAutograd kernel -> COMPOSITE
 7. a ``torch._decomp`` decomposition not on the training-unsafe deny-list and not known to
    call the op itself (``self_calling``: what :mod:`.self_decomp` found) -> COMPOSITE
 8. a device-essential op (allocation, copy, scalar read: every backend has it) -> NATIVE
 9. otherwise: copy to the CPU, run there, copy back                      -> FALLBACK
+
+A FALLBACK the session's policy does not allow (``fallback="error"``, ``deny=[...]``) is
+REFUSED: the call raises :class:`~torch_adapter.errors.FallbackError` instead.
 
 Before all of them, on a simulated target, a kernel the CPU host selected inside another op
 (``mkldnn_rnn_layer`` under ``lstm``) is routed as the target's own member of its family
@@ -34,7 +37,7 @@ from typing import Any
 from ..core.torch_private import decompositions, has_kernel_for_key
 from . import kernel_families, ops_table, rules
 
-__all__ = ["Route", "RouteDecision", "decide"]
+__all__ = ["Route", "RouteDecision", "decide", "refused", "unrefused"]
 
 
 class Route(str, enum.Enum):
@@ -42,7 +45,9 @@ class Route(str, enum.Enum):
 
     NATIVE = "native"
     COMPOSITE = "composite"
+    YOURS = "yours"  # your register_fallback implementation, on the device
     FALLBACK = "fallback"
+    REFUSED = "refused"  # a fallback the policy refuses: the call raises
 
     def __str__(self) -> str:
         return self.value
@@ -140,6 +145,39 @@ def decide(name: str, profile: Any, registry: Any = None, policy: Any = None,
     ``policy`` a :class:`~torch_adapter.routing.policy.Policy` or None, ``self_calling`` the
     ops known to re-enter themselves through their ``torch._decomp`` decomposition.
     """
+    d = _decide(name, profile, registry, policy, self_calling)
+    if d.route is Route.FALLBACK and policy is not None:
+        return refused(d, policy)
+    return d
+
+
+REFUSED_MARK = "; refused: "
+
+
+def refused(d: RouteDecision, policy: Any) -> RouteDecision:
+    """``d`` (a fallback) as the policy has it: REFUSED when ``fallback="error"`` or ``deny``
+    names the op, else ``d`` itself."""
+    if d.route is not Route.FALLBACK:
+        return d
+    if d.op in policy.deny:
+        why = "the op is in configure(deny=...)"
+    elif policy.fallback == "error":
+        why = 'the fallback policy is "error"'
+    else:
+        return d
+    reason = d.reason.replace("runs on the CPU", "would run on the CPU", 1)
+    return RouteDecision(d.op, Route.REFUSED, f"{reason}{REFUSED_MARK}{why}, so the call raises FallbackError", d.via)
+
+
+def unrefused(d: RouteDecision) -> RouteDecision:
+    """The fallback a REFUSED decision stands for (what the policy error message quotes)."""
+    if d.route is not Route.REFUSED:
+        return d
+    reason = d.reason.split(REFUSED_MARK)[0].replace("would run on the CPU", "runs on the CPU", 1)
+    return RouteDecision(d.op, Route.FALLBACK, reason, d.via)
+
+
+def _decide(name: str, profile: Any, registry: Any, policy: Any, self_calling: frozenset[str]) -> RouteDecision:
     selected = _device_selected(name, profile, registry, policy, self_calling)
     if selected is not None:
         return selected
@@ -164,8 +202,8 @@ def decide(name: str, profile: Any, registry: Any = None, policy: Any = None,
         return RouteDecision(name, Route.FALLBACK, f"forced to the CPU by {by}", "cpu")
     lacks = f"no {key} kernel" + (f" in the {profile.name} vendor op list" if getattr(profile, "listed", 0) else "")
     if registry is not None and name in registry.fallback:
-        return RouteDecision(name, Route.FALLBACK, f"{lacks}; Python implementation from register_fallback",
-                             "register_fallback")
+        return RouteDecision(name, Route.YOURS, f"{lacks}; your register_fallback implementation runs it on the "
+                             "device (nothing copied)", "register_fallback")
     kind = _composite_kind(name)
     if kind in ops_table.EXPLICIT_KEYS:
         return RouteDecision(name, Route.COMPOSITE, f"{lacks}; runs its {kind} kernel (written with other aten ops)",

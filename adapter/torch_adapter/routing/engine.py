@@ -25,9 +25,10 @@ import time
 from typing import Any, Callable
 
 from ..core import torch_private as tp
+from ..errors import FallbackError
 from . import ops_table, rules
 from .choose import decide_name
-from .decide import Route, RouteDecision
+from .decide import Route, RouteDecision, refused, unrefused
 from .dispatch_state import state
 from .internal import active as internal_active
 from .log import RoutingLog
@@ -142,7 +143,7 @@ class Engine:
             return True
         if d.via in ops_table.EXPLICIT_KEYS:  # only where the device has its own kernel instead
             return tp.has_kernel_for_key(d.op, self.key) and tp.has_kernel_for_key(d.op, d.via)
-        if d.route is Route.FALLBACK:  # only when the CPU can run it (else plain torch's error stands)
+        if d.route in (Route.FALLBACK, Route.REFUSED):  # only when the CPU can run it (else torch's error stands)
             return tp.host_kernel(d.op, "CPU") is not None
         return False
 
@@ -217,19 +218,27 @@ class Engine:
                 out = self._registered(d, args, kwargs)
             else:
                 out, copied = self._cpu(d, op, original, keyset, args, kwargs)
+        except FallbackError:  # the policy refused the CPU for this op: the call is logged as refused
+            if d.route in (Route.FALLBACK, Route.REFUSED):
+                self._log(refused(d, self.policy), counted, 0, (0, 0))
+            raise
         finally:
             dt = time.perf_counter_ns() - t0
             children, st.child_ns = st.child_ns, saved_child + dt
+        self._log(d, counted, dt - children, copied)
+        return out
+
+    def _log(self, d: RouteDecision, counted: bool, self_ns: int, copied: tuple[int, int]) -> None:
+        st = state
         if counted:
             st.decided = d
         if internal_active():  # torch_adapter's own work (routing/internal.py): routed, not logged
-            return out
+            return
         # the recorder already counts this call in its own logs; every other log counts it here
         rec_logs = st.recorder.logs if counted and st.recorder is not None else ()
         for log in self.logs:
-            log.add_decision(d, calls=0 if any(log is r for r in rec_logs) else 1, self_time_ns=dt - children,
+            log.add_decision(d, calls=0 if any(log is r for r in rec_logs) else 1, self_time_ns=self_ns,
                              bytes_to_cpu=copied[0], bytes_from_cpu=copied[1], parent=st.parent, find_site=True)
-        return out
 
     def _host(self, op: Any, original: Any, keyset: Any, args: tuple, kwargs: dict) -> Any:
         """Run ``op`` as the CPU runs it: the host kernel we replaced (simulated targets and the
@@ -277,7 +286,7 @@ class Engine:
     def _cpu(self, d: RouteDecision, op: Any, original: Any, keyset: Any, args: tuple,
              kwargs: dict) -> tuple[Any, tuple[int, int]]:
         """The CPU fallback under the session's policy (raise / warn / count)."""
-        self.counter.check(self.policy, d)
+        self.counter.check(self.policy, unrefused(d))
         out, copied = self._fallback(op, original, keyset, args, kwargs)
         self.counter.count(self.policy, d, copied[0] + copied[1])
         return out, copied

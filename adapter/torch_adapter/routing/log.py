@@ -6,10 +6,15 @@ Renderings are pure functions of the data: :meth:`~RoutingLog.to_json` (schema b
 documented in docs/routing.md), :meth:`~RoutingLog.table`, and a rich table
 (:meth:`~RoutingLog.render`, ``__rich__``).
 
-JSON schema ``torch-adapter.routing-log`` version 1::
+Entries are listed as a tree: each top-level entry (what needs a look first: refused,
+fallback, composite, yours, native; most calls first) followed by the entries run as its
+pieces, depth first (:meth:`~RoutingLog.tree`), so a child is always under its own parent.
 
-    {"schema": "torch-adapter.routing-log", "version": 1, "target": "mps", "simulated": true,
-     "summary": {"native": 10, "composite": 2, "fallback": 1},          # op call counts
+JSON schema ``torch-adapter.routing-log`` version 2 (version 1 had three routes; it is
+still read)::
+
+    {"schema": "torch-adapter.routing-log", "version": 2, "target": "mps", "simulated": true,
+     "summary": {"native": 10, "composite": 2, "yours": 1, "fallback": 1, "refused": 0},  # op calls
      "ops": [{"op": "aten::add.Tensor", "route": "native", "calls": 10, "self_time_ms": 0.4,
               "bytes_copied": 0, "bytes_to_cpu": 0, "bytes_from_cpu": 0,
               "reason": "...", "via": "MPS", "parent": null,
@@ -30,11 +35,14 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["OpRecord", "DtypeFinding", "RoutingLog", "SCHEMA", "VERSION", "user_site"]
+from .wording import ROUTES, SHORT, WORST_FIRST, format_bytes
+
+__all__ = ["OpRecord", "DtypeFinding", "RoutingLog", "SCHEMA", "VERSION", "user_site", "counts_text", "tree_prefix"]
 
 SCHEMA = "torch-adapter.routing-log"
-VERSION = 1
-_ROUTES = ("native", "composite", "fallback")
+VERSION = 2
+_READS = (1, 2)
+_ROUTES = ROUTES
 
 
 def user_site(depth: int = 1) -> dict[str, Any] | None:
@@ -183,7 +191,7 @@ class RoutingLog:
         return len(self.entries)
 
     def summary(self) -> dict[str, int]:
-        """Op call counts per route: ``{"native": n, "composite": n, "fallback": n}``."""
+        """Op call counts per route: ``{"native": n, "composite": n, "yours": n, "fallback": n, "refused": n}``."""
         out = dict.fromkeys(_ROUTES, 0)
         for rec in list(self.entries.values()):
             out[rec.route] += rec.calls
@@ -198,9 +206,43 @@ class RoutingLog:
         return {r.op: r.route for r in self.records() if parent is ... or r.parent == parent}
 
     def records(self) -> list[OpRecord]:
-        """Entries, fallbacks first, then composite, then native; most calls first."""
-        order = {"fallback": 0, "composite": 1, "native": 2}
-        return sorted(self.entries.values(), key=lambda r: (order[r.route], -r.calls, r.op, r.parent or ""))
+        """Entries in tree order (:meth:`tree`): each parent followed by its pieces."""
+        return [rec for _, rec in self.tree()]
+
+    def tree(self) -> list[tuple[int, OpRecord]]:
+        """``(depth, entry)`` depth first: top-level entries (refused, fallback, composite, yours,
+        native; most calls first), each followed by the entries whose parent is its op, in the
+        same order. Entries of a parent op are listed once, under that op's first entry; those
+        whose parent has no entry of its own (or sits in a cycle) come at depth 1 under a
+        top-level stand-in: the first of them, at its place among the top-level entries."""
+        def key(r: OpRecord) -> tuple[Any, ...]:
+            return (WORST_FIRST[r.route], -r.calls, r.op, r.parent or "")
+
+        entries = sorted(self.entries.values(), key=key)
+        children: dict[str, list[OpRecord]] = {}
+        for rec in entries:
+            if rec.parent is not None:
+                children.setdefault(rec.parent, []).append(rec)
+        out: list[tuple[int, OpRecord]] = []
+        placed: set[str] = set()  # parents whose pieces are listed
+
+        def walk(rec: OpRecord, depth: int) -> None:
+            out.append((depth, rec))
+            if rec.op in placed:
+                return
+            placed.add(rec.op)
+            for child in children.get(rec.op, ()):
+                walk(child, depth + 1)
+
+        for rec in entries:
+            if rec.parent is None:
+                walk(rec, 0)
+        for rec in entries:  # pieces of a parent with no entry reached from the top
+            if rec.parent is not None and rec.parent not in placed:
+                placed.add(rec.parent)
+                for child in children[rec.parent]:
+                    walk(child, 1)
+        return out
 
     def table(self) -> list[dict[str, Any]]:
         """One JSON-able row per entry (the ``ops`` list of :meth:`to_dict`)."""
@@ -217,16 +259,16 @@ class RoutingLog:
         return out
 
     def to_json(self, indent: int | None = None) -> str:
-        """The log as JSON (schema ``torch-adapter.routing-log``, version 1)."""
+        """The log as JSON (schema ``torch-adapter.routing-log``, version 2)."""
         return json.dumps(self.to_dict(), indent=indent)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RoutingLog":
         from ..errors import UsageError, format_error
 
-        if data.get("schema") != SCHEMA or data.get("version") != VERSION:
+        if data.get("schema") != SCHEMA or data.get("version") not in _READS:
             raise UsageError(format_error(
-                "RoutingLog.from_dict()", f"schema {SCHEMA!r} version {VERSION}",
+                "RoutingLog.from_dict()", f"schema {SCHEMA!r} version {' or '.join(map(str, _READS))}",
                 f"schema {data.get('schema')!r} version {data.get('version')!r}",
                 fix="pass the output of RoutingLog.to_dict()/to_json()"))
         log = cls(data.get("target", ""), bool(data.get("simulated", False)))
@@ -252,8 +294,7 @@ class RoutingLog:
     def __repr__(self) -> str:
         s = self.summary()
         return (f"<RoutingLog {self.target or '?'}{' (simulated)' if self.simulated else ''}: "
-                f"{s['native']} native, {s['composite']} composite, {s['fallback']} fallback calls, "
-                f"{_fmt_bytes(self.bytes_copied)} copied>")
+                f"{counts_text(s, sep=', ')} calls, {_fmt_bytes(self.bytes_copied)} copied>")
 
     def __rich__(self) -> Any:
         return rich_table(self)
@@ -269,11 +310,19 @@ class RoutingLog:
 
 
 def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000  # type: ignore[assignment]
-    return f"{n} B"  # pragma: no cover
+    return format_bytes(n)
+
+
+def counts_text(summary: dict[str, int], sep: str = " · ") -> str:
+    """``"10 native · 2 composite · 1 CPU fallback"``, with yours and refused when there are any."""
+    words = {**SHORT, "fallback": "CPU fallback"}
+    return sep.join(f"{summary.get(r, 0):,} {words[r]}" for r in ROUTES
+                    if r in ("native", "composite", "fallback") or summary.get(r, 0))
+
+
+def tree_prefix(depth: int) -> str:
+    """The indent of an entry at ``depth`` in a trace table ("  └ " per level)."""
+    return "  " * (depth - 1) + "  └ " if depth else ""
 
 
 def rich_table(log: RoutingLog, limit: int | None = 40) -> Any:
@@ -284,8 +333,7 @@ def rich_table(log: RoutingLog, limit: int | None = 40) -> Any:
 
     s = log.summary()
     title = (f"Routing on {log.target or '?'}{' (simulated)' if log.simulated else ''}: "
-             f"{s['native']} native · {s['composite']} composite · {s['fallback']} fallback calls · "
-             f"{_fmt_bytes(log.bytes_copied)} copied")
+             f"{counts_text(s)} calls · {_fmt_bytes(log.bytes_copied)} copied")
     if log.dtype_findings:
         title += f" · {sum(f.calls for f in log.dtype_findings.values())} calls with a dtype {log.target} refuses"
     elif log.dtype_note:
@@ -294,11 +342,11 @@ def rich_table(log: RoutingLog, limit: int | None = 40) -> Any:
     for col, justify in (("op", "left"), ("route", "left"), ("calls", "right"), ("self ms", "right"),
                          ("copied", "right"), ("reason", "left"), ("first call site", "left")):
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
-    style = {"native": "green", "composite": "yellow", "fallback": "red"}
-    records = log.records()
-    for rec in records[:limit] if limit else records:
+    style = {"native": "green", "composite": "yellow", "yours": "blue", "fallback": "red", "refused": "magenta"}
+    records = log.tree()
+    for depth, rec in records[:limit] if limit else records:
         site = site_text(rec.site, short=True)
-        op = f"  └ {rec.op}" if rec.parent else rec.op
+        op = tree_prefix(depth) + rec.op
         table.add_row(op, f"[{style[rec.route]}]{rec.route}[/]", str(rec.calls), f"{rec.self_time_ns / 1e6:.2f}",
                       _fmt_bytes(rec.bytes_copied) if rec.bytes_copied else "", rec.reason, site)
     for f in log.dtype_findings.values():  # their own kind: never a route

@@ -142,11 +142,12 @@ class FallbackCounter:
             self.bytes[op] = total
         if policy.fallback == "warn" and n & (n - 1) == 0:
             from ..core.callsite import running_as, user_site
+            from .wording import format_bytes
 
             site = user_site(call=True) or {"file": "<torch>", "line": 0, "function": ""}
             warnings.warn_explicit(
                 f"{op}{_called_from(site, at=False)} ran on the CPU on {self.target}: call {n} of this op so far, "
-                f"{total / 1e6:.3g} MB copied ({decision.reason}). Next warning at call {2 * n}. "
+                f"{format_bytes(total)} copied ({decision.reason}). Next warning at call {2 * n}. "
                 f"Fix: register an implementation with torch_adapter.register_fallback({op!r}), "
                 f"or silence with {setting('fallback', 'allow', running_as())}.",
                 FallbackWarning, site["file"], site["line"])

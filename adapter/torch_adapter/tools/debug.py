@@ -24,9 +24,9 @@ the op runs, so in-place ops compare too) and the results are compared with ``at
 ``rtol`` (by default torch.testing's per-dtype tolerances). On a real target that checks
 the device's kernels against the CPU's. On the CPU — a simulated target or policies — the
 re-run uses the plain aten kernel (the routing engine is bypassed), so it checks that the
-target's composite and fallback routes compute what the plain kernel does. Random ops and
-``empty*`` are skipped. ``routes=("composite", "fallback")`` narrows it to the ops routed
-that way on the target.
+target's composite routes and your ``register_fallback`` implementations (route ``yours``)
+compute what the plain kernel does. Random ops and ``empty*`` are skipped.
+``routes=("composite", "yours")`` narrows it to the ops routed that way on the target.
 
 Both are opt-in: they run every op through Python (a TorchDispatchMode, see
 :mod:`torch_adapter.tools.tool_mode`) on the thread that enabled them — backward included — and
@@ -44,12 +44,13 @@ from typing import Any, Iterable
 from . import tool_mode as _tool_mode
 from .numerics import (LABEL, Finding, NumericsWarning, arg_values, checkable, count, findings, forget_warned, plan, report, tensors)
 from ..errors import NumericsError, UsageError, format_error
+from ..routing.wording import ROUTES
 
 __all__ = ["enable_nan_check", "disable_nan_check", "enable_cpu_compare", "disable_cpu_compare",
            "findings", "Finding", "NumericsWarning", "NumericsError"]
 
 _MODES = ("raise", "warn")
-_ROUTES = ("native", "composite", "fallback")
+_ROUTES = ROUTES
 # torch.testing.assert_close's default (rtol, atol) per dtype
 _TOLERANCES = {"float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5), "float32": (1.3e-6, 1e-5),
                "float64": (1e-7, 1e-7), "complex32": (1e-3, 1e-5), "complex64": (1.3e-6, 1e-5),
@@ -283,7 +284,7 @@ def enable_cpu_compare(atol: float | None = None, rtol: float | None = None, ops
     """Re-run ops on the CPU and report the first whose result differs (see the module doc).
 
     ``ops``: names or globs (``"aten::log"`` = all its overloads); None = every op.
-    ``routes``: only ops routed so on the target (e.g. ``("composite", "fallback")``).
+    ``routes``: only ops routed so on the target (e.g. ``("composite", "yours")``).
     ``atol``/``rtol``: None = torch.testing's defaults for the output's dtype.
     """
     call = "torch_adapter.debug.enable_cpu_compare()"
@@ -296,7 +297,7 @@ def enable_cpu_compare(atol: float | None = None, rtol: float | None = None, ops
         if not picked or not picked <= set(_ROUTES):
             raise UsageError(format_error("torch_adapter.debug.enable_cpu_compare(routes=...)",
                                           f"a non-empty subset of {_ROUTES}", repr(routes),
-                                          fix='routes=("composite", "fallback")'))
+                                          fix='routes=("composite", "yours")'))
     forget_warned("cpu_compare")
     _tool_mode.enable("cpu_compare", _CpuCompare(atol, rtol, wanted, picked, mode))
     _close_with_session()

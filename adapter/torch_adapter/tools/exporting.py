@@ -47,7 +47,7 @@ from ..errors import UsageError, format_error
 __all__ = ["export", "ExportResult", "SCHEMA", "VERSION"]
 
 SCHEMA = "torch-adapter.export"
-VERSION = 1
+VERSION = 2  # 2: `routes` counts five routes (yours, refused)
 _ROUNDS = 8  # decomposition rounds at most (pieces of pieces); real graphs settle in 1-2
 
 
@@ -274,13 +274,14 @@ def _tally(counts: dict[Any, int], decide: Any) -> tuple[dict[str, int], list[di
         d = decide(op)
         routes[d.route.value] += n
         row = {"op": d.op, "nodes": n, "reason": d.reason, "via": d.via}
-        if d.route is Route.FALLBACK:
+        if d.route in (Route.FALLBACK, Route.REFUSED):
             fallbacks.append(row)
         elif d.route is Route.COMPOSITE:
             composite.append(row)
         if d.route is not Route.NATIVE:
-            why = ("kept in the graph: no decomposition into core ATen ops (without prims::*) is available"
-                   if d.route is Route.COMPOSITE else "would run on the CPU")
+            why = {Route.COMPOSITE: "kept in the graph: no decomposition into core ATen ops (without prims::*) is available",
+                   Route.YOURS: "kept in the graph: your register_fallback implementation is eager Python, not in the graph",
+                   }.get(d.route, "would run on the CPU")
             leftovers.append({"op": d.op, "nodes": n, "route": d.route.value, "graph_op": op.name(),
                               "reason": f"{why}: {d.reason}"})
     return routes, fallbacks, composite, leftovers

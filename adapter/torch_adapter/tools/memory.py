@@ -217,24 +217,34 @@ class MemoryReport:
         from rich.console import Group
         from rich.table import Table
 
-        dev = Table(title=f"torch_adapter memory: pid {self.pid}, target {self.target}")
-        for col in ("device", "allocated", "reserved", "peak allocated", "peak reserved", "source"):
-            dev.add_column(col, justify="left" if col in ("device", "source") else "right")
+        # Narrow enough for a notebook's output beside a side panel (WIDTH): where the figures
+        # come from is a caption, wrapped under the table, not a column.
+        dev = Table(title=f"torch_adapter memory: pid {self.pid}, target {self.target}",
+                    caption="; ".join(f"{r['device']}: {r['source']}" for r in self.devices if r.get("source")),
+                    caption_justify="left")
+        for col in ("device", "allocated", "reserved", "peak allocated", "peak reserved"):
+            dev.add_column(col, justify="left" if col == "device" else "right")
         for r in self.devices:
             dev.add_row(r["device"], _fmt(r["allocated"]), _fmt(r["reserved"]), _fmt(r["peak_allocated"]),
-                        _fmt(r["peak_reserved"]), r.get("source", ""))
-        big = Table(title="largest live tensors (by storage)" + ("" if self.tracking else
-                                                                   " — creation sites need memory.track(True)"))
-        for col in ("size", "shape", "dtype", "device", "created at", "op", "module"):
-            big.add_column(col, justify="right" if col == "size" else "left")
+                        _fmt(r["peak_reserved"]))
+        devices = sorted({t["device"] for t in self.largest})
+        big = Table(title="largest live tensors (by storage" + (f", on {devices[0]}" if len(devices) == 1 else "")
+                    + ")" + ("" if self.tracking else " — creation sites need memory.track(True)"))
+        big.add_column("size", justify="right", no_wrap=True)
+        big.add_column("tensor", no_wrap=True)
+        big.add_column("created at", overflow="fold")  # wrapped at spaces, long names folded
+        big.add_column("by (op in module)", overflow="fold")
         for t in self.largest:
             site = t.get("site")
             where = _where(site) if site else ("parameter" if t.get("parameter") else "-")
-            big.add_row(_fmt(t["bytes"]), str(tuple(t["shape"])), t["dtype"], t["device"], where,
-                        t.get("op") or "", t.get("module") or "")
+            on = f" {t['device']}" if len({x["device"] for x in self.largest}) > 1 else ""  # else: the title says
+            big.add_row(_fmt(t["bytes"]), f"{tuple(t['shape'])} {t['dtype']}{on}", where,
+                        " in ".join(x for x in (t.get("op"), t.get("module")) if x))
         return Group(dev, big)
 
-    def render(self, width: int = 140) -> str:
+    def render(self, width: int = 88) -> str:
+        """The tables as text, ``width`` columns wide (88: a notebook's output area fits it with a
+        side panel open; ``torch-adapter memory`` passes the terminal's width)."""
         from rich.console import Console
 
         with open(os.devnull, "w") as sink:
