@@ -93,10 +93,31 @@ def _dispatch_keys(item: Mapping[str, object]) -> set[str]:
 
 @functools.lru_cache(maxsize=None)
 def load_table(path: str | None = None) -> Mapping[str, OpEntry]:
-    """Parse ``native_functions.yaml`` once: ``{"aten::add.Tensor": OpEntry, ...}``."""
+    """Parse ``native_functions.yaml`` once: ``{"aten::add.Tensor": OpEntry, ...}`` — torch's own
+    file read from the start-up cache when it holds it (:mod:`..core.disk_cache`, keyed by the
+    file's hash and the adapter's code), parsed and stored otherwise."""
+    if path is not None:
+        return _parse(path)
+    from ..core import disk_cache
+
+    path = yaml_path()
+    if disk_cache.folder() is None:
+        return _parse(path)
+    key = {"yaml": disk_cache.file_digest(path), "code": disk_cache.code_digest("routing")}
+    rows = disk_cache.load("ops", key)
+    if isinstance(rows, list):
+        try:
+            return {r[0]: OpEntry(r[0], frozenset(r[1]), bool(r[2]), bool(r[3]), tuple(r[4])) for r in rows}
+        except (TypeError, IndexError):
+            pass  # a corrupt entry: parsed again and rewritten
+    table = _parse(path)
+    disk_cache.store("ops", key, [[e.name, sorted(e.keys), e.view, e.mutates, list(e.tags)] for e in table.values()])
+    return table
+
+
+def _parse(path: str) -> Mapping[str, OpEntry]:
     import yaml
 
-    path = path or yaml_path()
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         with open(path, encoding="utf-8") as fh:

@@ -97,6 +97,12 @@ def builtin_names() -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def _builtin(name: str) -> CapabilityProfile:
+    from .route_cache import cached_profile  # pure data: read from the start-up cache when there
+
+    return cached_profile(name, _build_builtin, CapabilityProfile)
+
+
+def _build_builtin(name: str) -> CapabilityProfile:
     import torch
 
     key, complete, note = BUILTIN[name]
@@ -312,7 +318,7 @@ def _check_dispatch_key(path: str, key: str) -> None:
 def simulated_rows(host: Any) -> list[dict[str, Any]]:
     """One ``targets()`` row per built-in simulated profile, with route counts over its table;
     ``host`` is the real target that executes them."""
-    from .choose import decide_name
+    from .choose import decide_name, remember
     from .decide import Route
 
     names = list(ops_table.load_table())
@@ -322,6 +328,7 @@ def simulated_rows(host: Any) -> list[dict[str, Any]]:
         counts = {r: 0 for r in Route}
         for op in names:
             counts[decide_name(op, profile).route] += 1
+        remember(profile, names)  # the routes of the whole table: into the start-up cache
         complete = profile.complete
         details: dict[str, Any] = {"profile": profile.source, "dispatch_key": key, "complete": complete}
         note = "; ".join(profile.notes) if profile.notes else note
