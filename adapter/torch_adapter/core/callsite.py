@@ -101,8 +101,21 @@ def _library_dirs() -> tuple[str, ...]:
     return _LIBS
 
 
+_KINDS: dict[str, str] = {}  # absolute path or "<...>" name -> its kind (the folders above never change)
+
+
 def _frame_kind(path: str) -> str:
-    """"user", "library" (an installed package other than torch, torch_adapter, IPython...) or "skip"."""
+    """"user", "library" (an installed package other than torch, torch_adapter, IPython...) or "skip".
+    Remembered per file (a relative path, which depends on the working directory, is not)."""
+    kind = _KINDS.get(path)
+    if kind is None:
+        kind = _classify(path)
+        if path.startswith(("<", os.sep)) and len(_KINDS) < 65536:
+            _KINDS[path] = kind
+    return kind
+
+
+def _classify(path: str) -> str:
     if path.startswith("<"):
         return "user" if _is_user(path) else "skip"
     full = os.path.abspath(path)

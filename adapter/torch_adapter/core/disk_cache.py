@@ -59,9 +59,9 @@ def _warn(where: Path, why: str) -> None:
         return
     _warned.add(str(where))
     warnings.warn_explicit(
-        f"torch_adapter: the start-up cache folder {where} cannot be used ({why}); start-up data is "
+        f"the start-up cache folder {where} cannot be used ({why}); start-up data is "
         f"recomputed in every run — set {ENV_DIR} to a writable folder, or {ENV_SWITCH}=off",
-        CacheWarning, "torch_adapter.cache", 0)
+        CacheWarning, "torch_adapter", 0)
 
 
 def _entry(kind: str, key: dict[str, Any]) -> tuple[Path, str] | None:
