@@ -150,6 +150,7 @@ for name in profiles.BUILTIN:
     probes = {op: self_decomp.calls_itself(op, p) for op in ops if routes[op][3] == "torch._decomp"}
     choose.remember(p, ops)
     out[name] = {"fields": disk_cache.encode(route_cache._fields(p)), "routes": routes, "probes": probes}
+out["table"] = {n: [sorted(e.keys), e.view, e.mutates, list(e.tags)] for n, e in ops_table.load_table().items()}
 json.dump(out, open(sys.argv[-1] if len(sys.argv) > 1 else %r, "w"), sort_keys=True)
 print("dynamo", "torch._dynamo" in sys.modules, "yaml", "yaml" in sys.modules)
 """
@@ -164,5 +165,5 @@ def test_cached_and_uncached_runs_give_identical_routes_for_every_builtin_profil
         dumps[label] = json.loads(path.read_text())
         if label == "warm":
             assert facts(out)["dynamo"] == "False yaml False"  # everything came from the cache
-    assert set(dumps["uncached"]) == {"cuda", "mps", "mtia", "npu", "xpu", "cpu"}
+    assert set(dumps["uncached"]) == {"cuda", "mps", "mtia", "npu", "xpu", "cpu", "table"}
     assert dumps["warm"] == dumps["uncached"] and dumps["cold"] == dumps["uncached"]

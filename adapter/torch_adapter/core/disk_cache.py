@@ -90,22 +90,26 @@ def load(kind: str, key: dict[str, Any]) -> Any | None:
         if doc.get("schema") != SCHEMA or doc.get("version") != VERSION or \
                 json.dumps(doc.get("key"), sort_keys=True, separators=(",", ":")) != text:
             return None
-        return decode(doc["data"])
+        return doc["data"] if doc.get("plain") is True else decode(doc["data"])
     except (ValueError, TypeError, KeyError, AttributeError):  # corrupt: ignored, rewritten by the next store
         return None
 
 
-def store(kind: str, key: dict[str, Any], data: Any) -> bool:
+def store(kind: str, key: dict[str, Any], data: Any, *, plain: bool = False) -> bool:
     """Write ``data`` for ``key``; False (after one warning per folder) when it cannot be written.
-    ``data`` must be :func:`encode`-able (TypeError otherwise: a caller's bug, not the disk's)."""
+    ``data`` must be :func:`encode`-able (TypeError otherwise: a caller's bug, not the disk's);
+    ``plain``: it is JSON's own lists, dicts, strings and numbers, stored and read back as they are
+    (no tags to decode: the large entries load without a second pass)."""
     from .safe_io import write_bytes
 
     found = _entry(kind, key)
     if found is None:
         return False
     path, _ = found
-    body = json.dumps({"schema": SCHEMA, "version": VERSION, "key": key, "data": encode(data)},
-                      separators=(",", ":")).encode()
+    doc = {"schema": SCHEMA, "version": VERSION, "key": key, "data": data if plain else encode(data)}
+    if plain:
+        doc["plain"] = True
+    body = json.dumps(doc, separators=(",", ":")).encode()
     where = path.parent
     try:
         if where.exists() and not where.is_dir():

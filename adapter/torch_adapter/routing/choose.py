@@ -39,7 +39,7 @@ def remember(profile: Any, ops: Any, registry: Any = None, policy: Any = None) -
         return
     routes = {n: decide_name(n, profile, registry, policy) for n in ops}  # decided already: cache hits
     probes = {n: self_decomp.calls_itself(n, profile) for n in ops
-              if decide(n, profile, None, None).via == "torch._decomp"}  # probed already (decided())
+              if decide(n, profile, registry, policy).via == "torch._decomp"}  # decided and probed already
     route_cache.save(profile, routes, probes)
 
 

@@ -18,7 +18,7 @@ import functools
 import os
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from ..errors import ProfileError, format_error
 
@@ -105,14 +105,37 @@ def load_table(path: str | None = None) -> Mapping[str, OpEntry]:
         return _parse(path)
     key = {"yaml": disk_cache.file_digest(path), "code": disk_cache.code_digest("routing")}
     rows = disk_cache.load("ops", key)
-    if isinstance(rows, list):
-        try:
-            return {r[0]: OpEntry(r[0], frozenset(r[1]), bool(r[2]), bool(r[3]), tuple(r[4])) for r in rows}
-        except (TypeError, IndexError):
-            pass  # a corrupt entry: parsed again and rewritten
-    table = _parse(path)
-    disk_cache.store("ops", key, [[e.name, sorted(e.keys), e.view, e.mutates, list(e.tags)] for e in table.values()])
+    if isinstance(rows, dict) and all(isinstance(r, list) and len(r) == 4 for r in rows.values()):
+        return _StoredTable(rows)
+    table = _parse(path)  # none stored, or a corrupt entry: parsed again and (re)written
+    disk_cache.store("ops", key, {e.name: [sorted(e.keys), e.view, e.mutates, list(e.tags)] for e in table.values()},
+                     plain=True)
     return table
+
+
+class _StoredTable(Mapping[str, OpEntry]):
+    """The table read from the start-up cache: each OpEntry made at its first read (a warm
+    simulated install reads the names only: its routes are stored too)."""
+
+    def __init__(self, rows: dict[str, list]) -> None:
+        self._rows = rows
+        self._made: dict[str, OpEntry] = {}
+
+    def __getitem__(self, name: str) -> OpEntry:
+        entry = self._made.get(name)
+        if entry is None:
+            keys, view, mutates, tags = self._rows[name]  # KeyError for an unknown name, as a dict
+            entry = self._made[name] = OpEntry(name, frozenset(keys), bool(view), bool(mutates), tuple(tags))
+        return entry
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._rows
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
 
 
 def _parse(path: str) -> Mapping[str, OpEntry]:

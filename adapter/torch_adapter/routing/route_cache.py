@@ -163,4 +163,4 @@ def save(profile: Any, decisions: dict[str, RouteDecision], probes: dict[str, bo
     if key is None:
         return False
     rows = {n: [None if d.op == n else d.op, d.route.value, d.reason, d.via] for n, d in decisions.items()}
-    return disk_cache.store("routes", key, {"routes": rows, "probes": dict(probes)})
+    return disk_cache.store("routes", key, {"routes": rows, "probes": dict(probes)}, plain=True)
