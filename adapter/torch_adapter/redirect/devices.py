@@ -28,6 +28,7 @@ import torch
 from torch.overrides import handle_torch_function, has_torch_function
 
 from ..core import torch_private as tp
+from . import warning_capture
 
 from ..core import torch_private as _tp
 
@@ -154,8 +155,8 @@ def _as_caller(orig: Callable, args: tuple, kwargs: dict) -> Any:
     this window is re-issued here too (a thread-safe way is open: issue 21)."""
     if _dynamo_compiling():
         return orig(*args, **kwargs)
-    if _LEAN:
-        result, caught = _recording_warnings(orig, args, kwargs)
+    if warning_capture.LEAN:
+        result, caught = warning_capture.call_recording(orig, args, kwargs)
     else:  # another Python's warnings module: its own context manager
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -171,26 +172,6 @@ def _as_caller(orig: Callable, args: tuple, kwargs: dict) -> Any:
 
 
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
-_LEAN = all(hasattr(warnings, n) for n in ("_filters_mutated", "_showwarnmsg_impl", "_showwarning_orig"))
-_ALWAYS = ("always", None, Warning, None, 0)
-
-
-def _recording_warnings(orig: Callable, args: tuple, kwargs: dict) -> tuple[Any, list[Any]]:
-    """What ``catch_warnings(record=True)`` + ``simplefilter("always")`` do around the call (the
-    same module state swapped and put back), without their per-call overhead (~2 µs of ~3 on a
-    redirected factory: measured, benchmarks/bench_decode.py)."""
-    mod = warnings
-    caught: list[Any] = []
-    saved = mod.filters, mod.showwarning, mod._showwarnmsg_impl
-    mod.filters = [_ALWAYS]
-    mod._filters_mutated()
-    mod.showwarning, mod._showwarnmsg_impl = mod._showwarning_orig, caught.append
-    try:
-        result = orig(*args, **kwargs)
-    finally:
-        mod.filters, mod.showwarning, mod._showwarnmsg_impl = saved
-        mod._filters_mutated()
-    return result, caught
 
 
 _DTYPE = torch.dtype
