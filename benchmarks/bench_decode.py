@@ -38,9 +38,14 @@ TOKENS, PROMPT = 32, 8
 
 
 def _build_decode(device: str = "cuda") -> Callable[[], None]:
+    import warnings
+
     import torch
+    import transformers
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    transformers.logging.set_verbosity_error()  # the tiny config's token ids lie outside its vocabulary
+    warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
     torch.manual_seed(0)
     config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=512, n_positions=64)
     model = GPT2LMHeadModel(config).eval()
