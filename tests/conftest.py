@@ -9,6 +9,11 @@ from pathlib import Path
 
 import pytest
 
+# The start-up cache (core/disk_cache.py) stays off in tests: each test computes what it checks
+# (probes, profiles) itself and none reads or writes the user's ~/.cache. tests/test_startup_cache.py
+# turns it on, in fresh interpreters with their own folders.
+os.environ["TORCH_ADAPTER_CACHE"] = "off"
+
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = Path(__file__).resolve().parent / "corpus"
 

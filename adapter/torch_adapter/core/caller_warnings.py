@@ -60,11 +60,7 @@ def install(patcher: Any) -> None:
             _forget(msg)
             return
         if local.callers and msg.filename == __file__:
-            frame = local.callers[-1]
-            g = frame.f_globals
-            warnings.warn_explicit(msg.message, msg.category, frame.f_code.co_filename, frame.f_lineno,
-                                   module=g.get("__name__"), registry=g.setdefault("__warningregistry__", {}),
-                                   module_globals=g, source=msg.source)
+            _reissue(msg, local.callers[-1])
             return
         original(msg)
 
@@ -81,6 +77,17 @@ def install(patcher: Any) -> None:
             _INSTALLED.clear()
 
     patcher.after_restore(remove)
+
+
+def _reissue(msg: Any, frame: Any) -> None:
+    """``msg`` issued again at ``frame``'s line, under that module's filters and registry."""
+    g = frame.f_globals
+    where = dict(module=g.get("__name__"), registry=g.setdefault("__warningregistry__", {}), source=msg.source)
+    try:
+        warnings.warn_explicit(msg.message, msg.category, frame.f_code.co_filename, frame.f_lineno,
+                               module_globals=g, **where)
+    except ImportError:  # `python -c`: __main__'s loader has no source to show the line from
+        warnings.warn_explicit(msg.message, msg.category, frame.f_code.co_filename, frame.f_lineno, **where)
 
 
 def as_caller(orig: Callable[..., Any], args: tuple, kwargs: dict, depth: int = 2) -> Any:

@@ -143,14 +143,17 @@ def _library_dirs() -> tuple[str, ...]:
     return _LIBS
 
 
-_KINDS: dict[str, str] = {}  # file name -> its kind: a stack walk classifies each file once
+_KINDS: dict[str, str] = {}  # absolute path or "<...>" name -> its kind (the folders above never change)
 
 
 def _frame_kind(path: str) -> str:
-    """"user", "library" (an installed package other than torch, torch_adapter, IPython...) or "skip"."""
+    """"user", "library" (an installed package other than torch, torch_adapter, IPython...) or "skip".
+    Remembered per file (a relative path, which depends on the working directory, is not)."""
     kind = _KINDS.get(path)
     if kind is None:
-        kind = _KINDS[path] = _classify(path)
+        kind = _classify(path)
+        if path.startswith(("<", os.sep)) and len(_KINDS) < 65536:
+            _KINDS[path] = kind
     return kind
 
 

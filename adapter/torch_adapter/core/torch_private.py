@@ -600,9 +600,17 @@ def device_factory_names() -> list[str]:
 
     import torch
 
-    names = {s.name.split("::", 1)[1] for s in torch._C._jit_get_all_schemas()
-             if s.name.startswith("aten::")
-             and any(a.name == "device" and str(a.type) == "Optional[Device]" for a in s.arguments)}
+    from . import disk_cache  # the schema scan is pure data of torch's build: kept in the start-up cache
+
+    key = {"torch": str(torch.__version__), "git": str(getattr(torch.version, "git_version", "")), "v": 1}
+    stored = disk_cache.load("factories", key)
+    if isinstance(stored, list) and all(isinstance(n, str) for n in stored):
+        names = set(stored)
+    else:
+        names = {s.name.split("::", 1)[1] for s in torch._C._jit_get_all_schemas()
+                 if s.name.startswith("aten::")
+                 and any(a.name == "device" and str(a.type) == "Optional[Device]" for a in s.arguments)}
+        disk_cache.store("factories", key, sorted(names))
     return sorted(n for n in names if callable(getattr(torch, n, None)) and not inspect.isclass(getattr(torch, n)))
 # --- TorchScript (redirect/torchscript.py) ----------------------------------------------------
 __all__ += ["jit_builtin_table", "jit_global_functions", "jit_importers", "script_module_graphs",

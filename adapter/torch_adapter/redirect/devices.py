@@ -170,6 +170,9 @@ def _checked(mapper: DeviceMapper, moved: Any, source: Any = None) -> Any:
     return hook(moved)
 
 
+_DTYPE = torch.dtype
+
+
 def _looks_like_device(arg: Any) -> bool:
     return type(arg) is str or isinstance(arg, _DEVICE) or (type(arg) is int)
 
@@ -222,6 +225,8 @@ def _patch_tensor_to(p: Any, mapper: DeviceMapper, orig_to: Any) -> None:
     T = torch.Tensor
 
     def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if not kwargs and (not args or type(args[0]) is _DTYPE):  # x.to(dtype), the common call: no device
+            return orig_to(self, *args)
         redirected = False
         if args and _looks_like_device(args[0]) and mapper.is_cuda(args[0]) or (args and type(args[0]) is int):
             args = (mapper.map(args[0], f"Tensor.to({_spell(args[0])})", ints=True), *args[1:])

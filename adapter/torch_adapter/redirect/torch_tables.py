@@ -53,8 +53,9 @@ def register(session: Any) -> None:
              if orig is not value and _hashable(orig) and _hashable(value)]
     added: list[tuple[Any, Any]] = []  # (table, stand-in)
     for table in _tables():
+        ids = {id(f) for f in table} if isinstance(table, list) else None  # a list is searched once
         for orig, value in pairs:
-            if _add_beside(table, orig, value):
+            if _add_beside(table, orig, value, ids):
                 added.append((table, value))
     session.patcher.before_restore(lambda _values: _remove(added))
     for owner, name, _orig, value in session.patcher.patches():
@@ -80,10 +81,13 @@ def _tables() -> list[Any]:
     return tables
 
 
-def _add_beside(table: Any, orig: Any, value: Any) -> bool:
+def _add_beside(table: Any, orig: Any, value: Any, ids: set[int] | None = None) -> bool:
+    """Put ``value`` beside ``orig`` in ``table`` if ``orig`` is there and ``value`` is not
+    (``ids``: the ids of a list table's items, kept up to date here)."""
     try:
         if isinstance(table, list):
-            present = any(f is orig for f in table) and not any(f is value for f in table)
+            ids = {id(f) for f in table} if ids is None else ids
+            present = id(orig) in ids and id(value) not in ids
         else:
             present = orig in table and value not in table
     except Exception:  # an object with an odd __eq__: not torch's function
@@ -96,6 +100,8 @@ def _add_beside(table: Any, orig: Any, value: Any) -> bool:
         table.add(value)
     else:
         table.append(value)
+        if ids is not None:
+            ids.add(id(value))
     return True
 
 

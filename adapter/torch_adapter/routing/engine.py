@@ -27,7 +27,7 @@ from typing import Any, Callable
 from ..core import torch_private as tp
 from ..errors import FallbackError
 from . import ops_table, rules
-from .choose import decide_name
+from .choose import decide_name, remember
 from .decide import Route, RouteDecision, refused, unrefused
 from .dispatch_state import state
 from .internal import active as internal_active
@@ -180,6 +180,7 @@ class Engine:
             lib = self._libs.get(ns) or self._libs.setdefault(ns, tp.kernel_library(ns))
             tp.register_python_kernel(lib, name, self._kernel(d, op, original), self.key)
             overrides[name] = d
+        remember(self.profile, ops_table.load_table(), snap, self.policy)  # decided: into the start-up cache
         return overrides
 
     # -- execution ---------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import functools
 import os
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from ..errors import ProfileError, format_error
 
@@ -93,10 +93,54 @@ def _dispatch_keys(item: Mapping[str, object]) -> set[str]:
 
 @functools.lru_cache(maxsize=None)
 def load_table(path: str | None = None) -> Mapping[str, OpEntry]:
-    """Parse ``native_functions.yaml`` once: ``{"aten::add.Tensor": OpEntry, ...}``."""
+    """Parse ``native_functions.yaml`` once: ``{"aten::add.Tensor": OpEntry, ...}`` — torch's own
+    file read from the start-up cache when it holds it (:mod:`..core.disk_cache`, keyed by the
+    file's hash and the adapter's code), parsed and stored otherwise."""
+    if path is not None:
+        return _parse(path)
+    from ..core import disk_cache
+
+    path = yaml_path()
+    if disk_cache.folder() is None:
+        return _parse(path)
+    key = {"yaml": disk_cache.file_digest(path), "code": disk_cache.code_digest("routing")}
+    rows = disk_cache.load("ops", key)
+    if isinstance(rows, dict) and all(isinstance(r, list) and len(r) == 4 for r in rows.values()):
+        return _StoredTable(rows)
+    table = _parse(path)  # none stored, or a corrupt entry: parsed again and (re)written
+    disk_cache.store("ops", key, {e.name: [sorted(e.keys), e.view, e.mutates, list(e.tags)] for e in table.values()},
+                     plain=True)
+    return table
+
+
+class _StoredTable(Mapping[str, OpEntry]):
+    """The table read from the start-up cache: each OpEntry made at its first read (a warm
+    simulated install reads the names only: its routes are stored too)."""
+
+    def __init__(self, rows: dict[str, list]) -> None:
+        self._rows = rows
+        self._made: dict[str, OpEntry] = {}
+
+    def __getitem__(self, name: str) -> OpEntry:
+        entry = self._made.get(name)
+        if entry is None:
+            keys, view, mutates, tags = self._rows[name]  # KeyError for an unknown name, as a dict
+            entry = self._made[name] = OpEntry(name, frozenset(keys), bool(view), bool(mutates), tuple(tags))
+        return entry
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._rows
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
+def _parse(path: str) -> Mapping[str, OpEntry]:
     import yaml
 
-    path = path or yaml_path()
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         with open(path, encoding="utf-8") as fh:

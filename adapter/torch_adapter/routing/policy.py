@@ -75,7 +75,7 @@ def make_policy(config: Any, profile: Any) -> Policy:
     from .choose import decide_name
     from .names import known_op_names
 
-    known = known_op_names()
+    known = known_op_names() if (config.force_cpu or config.deny) else frozenset()  # not read otherwise
     force = _expand(config.force_cpu, "force_cpu", known)
     deny = _expand(config.deny, "deny", known)
     for raw, ops in force.items():

@@ -119,6 +119,13 @@ def _builtin(name: str) -> CapabilityProfile:
 
 
 def _builtin_ops(name: str) -> CapabilityProfile:
+    """The op part of a built-in profile: pure data, read from the start-up cache when there."""
+    from .route_cache import cached_profile
+
+    return cached_profile(name, _build_builtin, CapabilityProfile)
+
+
+def _build_builtin(name: str) -> CapabilityProfile:
     import torch
 
     key, complete, note = BUILTIN[name]
@@ -345,7 +352,7 @@ def _check_dispatch_key(path: str, key: str) -> None:
 def simulated_rows(host: Any) -> list[dict[str, Any]]:
     """One ``targets()`` row per built-in simulated profile, with route counts over its table;
     ``host`` is the real target that executes them."""
-    from .choose import decide_name
+    from .choose import decide_name, remember
     from .decide import Route
 
     names = list(ops_table.load_table())
@@ -355,6 +362,7 @@ def simulated_rows(host: Any) -> list[dict[str, Any]]:
         counts = {r: 0 for r in Route}
         for op in names:
             counts[decide_name(op, profile).route] += 1
+        remember(profile, names)  # the routes of the whole table: into the start-up cache
         complete = profile.complete
         details: dict[str, Any] = {"profile": profile.source, "dispatch_key": key, "complete": complete}
         note = "; ".join(profile.notes) if profile.notes else note

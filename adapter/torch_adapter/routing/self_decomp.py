@@ -21,6 +21,7 @@ import functools
 import threading
 from typing import Any
 
+from . import route_cache
 from .decide import RouteDecision, decide
 from .dispatch_state import state
 from .internal import internal
@@ -112,6 +113,10 @@ def calls_itself(name: str, profile: Any = None) -> bool | None:
     With a ``profile``, the ops the decomposition calls are expanded as the engine would run
     them on that target (their own decomposition or CompositeExplicit kernel when the target
     lacks a kernel), so a re-entry through another op's pieces counts too."""
+    if profile is not None:
+        stored = route_cache.probe(name, profile)  # found in an earlier run (the start-up cache)
+        if stored is not route_cache.UNKNOWN:
+            return stored
     if (name, profile) in _PROBING.now:  # a cycle between two decompositions: unknown here
         return None
     _PROBING.now.add((name, profile))

@@ -1,0 +1,130 @@
+"""Op-bound work: a tiny GPT-2 decoding tokens at batch 1 — what redirecting, observing and
+simulating cost per op when ops take a few microseconds.
+
+The model is transformers' ``GPT2LMHeadModel`` from a ``GPT2Config`` with random weights (no
+download): 2 layers, 64 wide, 2 heads, vocabulary 512; one step greedily decodes 32 tokens after
+an 8-token prompt with the KV cache, under ``torch.no_grad()``, written the CUDA way
+(``.cuda()``, ``device="cuda"``). Configurations, interleaved (harness.py):
+
+- ``plain``       torch on the CPU
+- ``redirect``    ``adapted(target="cpu")`` (goal >= 99.5 %)
+- ``observe``     redirect + ``trace()`` around each block on the real target (goal >= 95 %)
+- ``simulated``   ``adapted(target="mps", simulate=True)`` (goal >= 90 %)
+
+Besides throughput kept, each configuration's cost per op in nanoseconds:
+(its median step - plain's median step) / aten ops per step (counted once, by a TorchDispatchMode).
+
+    python benchmarks/bench_decode.py --quick
+    python benchmarks/bench_decode.py --repeats 9 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import harness, workloads  # noqa: E402
+
+__all__ = ["decode", "main", "GOALS"]
+
+GOALS = {"redirect": 0.995, "observe": 0.95, "simulated": 0.90}
+TOKENS, PROMPT = 32, 8
+
+
+def _build_decode(device: str = "cuda") -> Callable[[], None]:
+    import warnings
+
+    import torch
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    transformers.logging.set_verbosity_error()  # the tiny config's token ids lie outside its vocabulary
+    warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=512, n_positions=64)
+    model = GPT2LMHeadModel(config).eval()
+    model = model.cuda() if device == "cuda" else model.to(device)
+    prompt = torch.randint(0, 512, (1, PROMPT), device=device)
+
+    def step() -> None:
+        with torch.no_grad():
+            out = model(prompt, use_cache=True)
+            past, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            for _ in range(TOKENS - 1):
+                out = model(token, past_key_values=past, use_cache=True)
+                past, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        int(token)  # the host reads the last token, as generate() does each step
+
+    return step
+
+
+decode = workloads.Workload("gpt2_decode", _build_decode,
+                            f"tiny GPT-2 (2 layers, 64 wide) greedy decoding {TOKENS} tokens at batch 1, KV cache")
+
+
+def _tracing() -> Callable[[], Any]:
+    @contextlib.contextmanager
+    def context() -> Iterator[None]:
+        import torch_adapter
+
+        with torch_adapter.trace():
+            yield
+
+    return context
+
+
+def ops_per_step() -> int:
+    """aten calls in one plain step (below autograd, as a TorchDispatchMode sees them)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    step = _build_decode("cpu")
+    step()
+    with Count():
+        step()
+    return Count.n
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    harness.add_arguments(parser, workloads=["gpt2_decode"], default_workload="gpt2_decode")
+    args = parser.parse_args(argv)
+    redirect = harness.adapted("cpu", name="redirect", goal=GOALS["redirect"])
+    observe = harness.Configuration("observe", redirect.context, "cuda", "adapted(target='cpu') + trace() per block",
+                                    GOALS["observe"], timed=_tracing())
+    configs = [harness.plain(), redirect, observe,
+               harness.adapted("mps", simulate=True, name="simulated", goal=GOALS["simulated"]),
+               harness.plain(name="plain_again")]
+    args.configs = args.configs or "plain,redirect,observe,simulated"
+    out_dir = Path(__file__).parent / "results"
+    args.json = args.json or str(out_dir / "decode")  # docs/figures/ only when asked (--json NAME)
+    ops = ops_per_step()
+    results = harness.run_from_args(args, [decode], configs, default_name="decode",
+                                    quick={"repeats": 5, "steps": 3, "warmup": 2, "min_block": 0.5})
+    for result in results:
+        plain = result.by_name("plain").median_s
+        print(f"{ops} aten ops per step; cost per op over plain (median step difference / ops):")
+        for cfg in result.configs[1:]:
+            print(f"  {cfg.name:<12} {(cfg.median_s - plain) / ops * 1e9:8.0f} ns/op   kept {cfg.kept:.2%}"
+                  f"   best {cfg.best_kept:.2%}   cpu {cfg.cpu_kept:.2%}")
+        result.meta["ops_per_step"] = ops
+        result.meta["ns_per_op"] = {c.name: round((c.median_s - plain) / ops * 1e9, 1) for c in result.configs[1:]}
+        target = Path(args.json)
+        print(f"wrote {harness.write_json(result, target.parent if target.parent != Path('.') else None)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
