@@ -266,7 +266,8 @@ def _log_html(log: Any, limit: int | None) -> str:
     head = "".join(f"<th style='text-align:{a}'>{h}</th>" for h, a, _ in _COLUMNS)
 
     def row(depth: int, r: Any) -> str:
-        cells = (f"<code>{html.escape(tree_prefix(depth))}{html.escape(r.op)}</code>",
+        indent = html.escape(tree_prefix(depth)).replace(" ", "&nbsp;")  # kept where the cell wraps
+        cells = (f"<code>{indent}{html.escape(r.op)}</code>",
                  f"<span style='color:{COLORS[r.route]}'>{r.route}</span>", f"{r.calls:,}",
                  f"{r.self_time_ns / 1e6:.2f}", _fmt_bytes(r.bytes_copied) if r.bytes_copied else "",
                  _site_html(r.site), html.escape(r.reason))
