@@ -215,13 +215,15 @@ def _check_target(value: str, simulate: bool) -> None:
     from ..errors import format_error
     from ..routing.target import KNOWN, detect
 
+    from ..routing.profiles import VARIANTS
+
     name = value.strip().lower()
-    if name in ("auto", "host") or name.endswith(".toml") or "/" in name:
+    if name in ("auto", "host") or name.endswith(".toml") or "/" in name or (simulate and name in VARIANTS):
         return
     present = [t.name for t in detect() if t.present]
     here = f"this machine has {', '.join(present)}"
     if name not in KNOWN:
-        names = ["auto", *KNOWN]
+        names = ["auto", *KNOWN, *VARIANTS]
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
         if close:
             guess = close[0]
