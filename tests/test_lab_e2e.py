@@ -146,20 +146,27 @@ def stop_lab(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """A JupyterLab server in a temp dir holding the notebook; yields (base URL, root dir)."""
-    root = tmp_path_factory.mktemp("lab")
+@contextlib.contextmanager
+def lab_with_notebook(root: Path, name: str, cells: list[str], markdown=()):
+    """A JupyterLab server in ``root`` holding notebook ``name`` made of ``cells`` (the indices in
+    ``markdown`` as markdown cells); yields (base URL, root dir)."""
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nb.cells = [nbformat.v4.new_markdown_cell(source) if i in MARKDOWN else nbformat.v4.new_code_cell(source)
-                for i, source in enumerate(CELLS)]
-    nbformat.write(nb, root / NOTEBOOK)
+    nb.cells = [nbformat.v4.new_markdown_cell(source) if i in markdown else nbformat.v4.new_code_cell(source)
+                for i, source in enumerate(cells)]
+    nbformat.write(nb, root / name)
     proc, base = start_lab(root)
     try:
         yield base, root
     finally:
         stop_lab(proc)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server in a temp dir holding the notebook; yields (base URL, root dir)."""
+    with lab_with_notebook(tmp_path_factory.mktemp("lab"), NOTEBOOK, CELLS, MARKDOWN) as served:
+        yield served
 
 
 @contextlib.contextmanager

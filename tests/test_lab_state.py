@@ -7,10 +7,9 @@ cells run one by one, as a user steps through them; the panel is read after each
 
 from __future__ import annotations
 
-import nbformat
 import pytest
 
-from test_lab_e2e import CHROMIUM, PANEL, browser_page, goto_lab, start_lab, stop_lab
+from test_lab_e2e import CHROMIUM, PANEL, browser_page, goto_lab, lab_with_notebook
 
 NOTEBOOK = "state.ipynb"
 CELLS = [
@@ -38,16 +37,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lab-state")
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
-    nbformat.write(nb, root / NOTEBOOK)
-    proc, base = start_lab(root)
-    try:
-        yield base, root
-    finally:
-        stop_lab(proc)
+    with lab_with_notebook(tmp_path_factory.mktemp("lab-state"), NOTEBOOK, CELLS) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

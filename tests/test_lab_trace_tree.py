@@ -8,7 +8,7 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from test_lab_e2e import CHROMIUM, browser_page, run_all, start_lab, stop_lab
+from test_lab_e2e import CHROMIUM, browser_page, lab_with_notebook, run_all
 
 pytestmark = [
     pytest.mark.timeout(600),
@@ -50,16 +50,8 @@ ROWS = """() => {
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    root = tmp_path_factory.mktemp("trace-tree")
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
-    nbformat.write(nb, root / NOTEBOOK)
-    proc, base = start_lab(root)
-    try:
-        yield base, root
-    finally:
-        stop_lab(proc)
+    with lab_with_notebook(tmp_path_factory.mktemp("trace-tree"), NOTEBOOK, CELLS) as served:
+        yield served
 
 
 def _parent_of(rows: list[dict], i: int) -> str | None:
