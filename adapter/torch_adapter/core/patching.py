@@ -26,9 +26,6 @@ class _Missing:
 MISSING: Any = _Missing()
 
 
-_HOLD_S = 1e6  # the switch interval while torch's own attributes are back (seconds: "never")
-
-
 class Patcher:
     """Owns a set of patches and undoes them all, in reverse order."""
 
@@ -92,30 +89,23 @@ class Patcher:
         """Torch's own attributes back for the block, the patches again after it: for a cache
         torch builds once from its attributes (``redirect/compiling.py``: torch._dynamo's tables).
         ``only(owner, name, original)`` limits it to the patches it accepts (``redirect/torchscript.py``:
-        the Python functions TorchScript compiles).
-
-        Other threads keep seeing the patches: while the attributes are torch's, this thread keeps
-        the GIL (the interpreter's switch interval raised for the block), so no other thread runs
-        Python code — unless the block itself waits (file I/O of a first import releases the GIL:
-        ``redirect/compiling.py`` suspends for torch._dynamo's import only when it is alone)."""
+        the Python functions TorchScript compiles). Not for hot paths: other threads see those
+        attributes unpatched meanwhile."""
         keys = [key for key in self._order if only is None or only(*(self._saved[key][i] for i in (0, 1, 3)))]
         current = [(key, getattr(self._saved[key][0], self._saved[key][1], MISSING)) for key in keys]
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(_HOLD_S)  # no other thread runs Python code until it is put back
+        for key, _ in reversed(current):
+            owner, name, had_own, original = self._saved[key]
+            if original is MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
         try:
-            for key, _ in reversed(current):
-                owner, name, had_own, original = self._saved[key]
-                if original is MISSING:
-                    delattr(owner, name)
-                else:
-                    setattr(owner, name, original)
             yield
         finally:
             for key, value in current:
                 owner, name = self._saved[key][:2]
                 if value is not MISSING:
                     setattr(owner, name, value)
-            sys.setswitchinterval(interval)
 
     def before_restore(self, fn: Any) -> None:
         """Run ``fn(values)`` when :meth:`restore` starts, with the objects that stand in for

@@ -49,8 +49,7 @@ MODES = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagrap
 
 def _alone(p: Any) -> Any:
     """The patches suspended for torch._dynamo's first import — only while this is the process's
-    one thread. ``Patcher.suspended`` keeps the GIL while torch's attributes are back, but an import
-    reads files, which releases it: with others running
+    one thread. ``Patcher.suspended`` swaps torch's attributes for every thread: with others running
     (a worker thread's first trace() or ``torch._disable_dynamo`` call imports dynamo), they would call
     torch's own factories meanwhile, and a ``device="cuda"`` one fails ("Torch not compiled with CUDA
     enabled"; found by ``run --report`` of a two-thread script under load). Then dynamo's import-time
