@@ -72,7 +72,7 @@ def adapter_objects(overrides=True):
     # stand-in *beside* torch's function by design (redirect/torch_tables.py), removed at uninstall,
     # and so does dynamo's cache built from them (variables.torch.get_overridable_functions)
     import torch_adapter
-    from torch_adapter import _torch_private as tp
+    from torch_adapter.core import torch_private as tp
     home = os.path.dirname(torch_adapter.__file__)
     def ours(o):
         try:

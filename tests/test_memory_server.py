@@ -98,7 +98,7 @@ def test_another_uid_is_refused_by_the_server(server):
 
 _SERVED = textwrap.dedent("""
     import sys, time, torch_adapter
-    from torch_adapter import _memory_server as ms
+    from torch_adapter.tools import memory_server as ms
     torch_adapter.install(target="cpu", memory_server=True)
     print(ms.running().path, flush=True)
     time.sleep(120)
@@ -144,7 +144,7 @@ def test_after_sigkill_list_marks_the_socket_stale(capsys):
 def test_the_programs_own_sigterm_handler_is_kept():
     script = textwrap.dedent("""
         import signal, sys, torch_adapter
-        from torch_adapter import _memory_server as ms
+        from torch_adapter.tools import memory_server as ms
         mine = lambda s, f: sys.exit(3)
         signal.signal(signal.SIGTERM, mine)
         torch_adapter.install(target="cpu", memory_server=True)
