@@ -14,6 +14,9 @@ the policy chose (``bfloat16`` where the CPU has bf16 units, ``float32`` where i
 kernel on them and casts the result back to float16. The kernels sit below autograd and
 autocast, so ``tensor.dtype``, autograd's saved tensors, state dicts and saved files stay
 float16; every other call (float32, bfloat16, integers) goes straight to the CPU's kernel.
+:data:`FP32_OPS` (group_norm and its backward, softmax: float16 CPU kernels slower than float32 with
+two casts) compute in float32 under any policy but the off switch. A rewritten call's float16 output
+keeps its compute-dtype original for the next rewritten call that takes it (:mod:`.lowp_cache`).
 
 Policy: ``install(float16_compute=...)`` / ``configure`` / ``torch-adapter run --float16-compute``:
 ``"auto"`` (default: the CPU's choice), ``"bfloat16"``, ``"float32"``, ``"float16"`` (off:
