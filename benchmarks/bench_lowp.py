@@ -5,7 +5,9 @@ The programs (``benchmarks/lowp_programs.py``) choose float16 when ``torch.cuda.
 ``torch.autocast(device)`` (the issue's program), DreamBooth class-image generation
 (``torch_dtype`` by device, a tiny StableDiffusionPipeline, 4 steps) and LoRA/ControlNet
 validation (the same under ``torch.autocast(device)``), at 32 px (16x16 latents: overhead-bound) and
-``NAME@64`` (32x32 latents, the attention's sequence 1024 as in SD's 512 px inner blocks). Configurations:
+``NAME@64`` (32x32 latents, the attention's sequence 1024 as in SD's 512 px inner blocks), and
+``NAME:wide`` with an SD-like UNet width (160/320 channels, head dims 40/80; the tiny UNet's head dims
+of 8/16 make attention exp-bound and every op overhead-bound). Configurations:
 
 - ``plain``    ``python PROGRAM`` (float32 path);
 - ``adapted``  ``python -m torch_adapter run PROGRAM`` (float16 path, ``float16_compute="auto"``);
@@ -80,9 +82,10 @@ def _env(kind: str, threads: int) -> dict[str, str]:
 
 def _sample(config: str, program: str, kind: str, args: argparse.Namespace, folder: str) -> tuple[float, float]:
     """(wall, process CPU) milliseconds, each the median of the sample's timed calls."""
-    name, _, size = program.partition("@")  # class_images@64: the pipeline at 64 px
+    name, _, size = program.partition("@")  # class_images@64: the pipeline at 64 px; validation:wide: SD-like UNet width
+    name, _, variant = name.partition(":")
     cmd = [sys.executable, *CONFIGS[config], str(PROGRAMS), name, "--steps", str(args.steps), "--folder", folder,
-           "--size", size or "32"]
+           "--size", size or "32", *(["--wide"] if variant == "wide" else [])]
     done = subprocess.run(cmd, capture_output=True, text=True, env=_env(kind, args.threads), timeout=900)
     line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
     if done.returncode != 0 or line is None:
@@ -123,8 +126,9 @@ def speed_table(kind: str, threads: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--programs", default="unet,class_images,class_images@64,validation,validation@64",
-                   help="NAME or NAME@PIXELS (the pipelines; default 32 px)")
+    p.add_argument("--programs", default="unet,class_images,class_images@64,validation@64,class_images:wide@64,"
+                                         "validation:wide@64",
+                   help="NAME[:wide][@PIXELS]: the pipelines at PIXELS (default 32), :wide with the SD-like UNet width")
     p.add_argument("--kinds", default="native,avx512_bf16,avx2")
     p.add_argument("--configs", default="plain,adapted,fp16",
                    help="plain first; fp16 (the off switch) is emulated float16: minutes per sample on a kind without fp16 units")
@@ -147,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"name": args.name, "conditions_start": harness.conditions(args.threads), "kinds": {}, "tables": {}}
     t0 = time.time()
     with tempfile.TemporaryDirectory() as folder:
-        if {p.partition("@")[0] for p in args.programs.split(",")} - {"unet"}:
+        if {p.partition("@")[0].partition(":")[0] for p in args.programs.split(",")} - {"unet"}:
             subprocess.run([sys.executable, str(PROGRAMS), "build", "--folder", folder], check=True,
                            capture_output=True, env=_env("native", args.threads))
         for kind in kinds:

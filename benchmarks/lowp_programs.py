@@ -6,7 +6,8 @@ path, the adapter the float16 one. Random weights from configs, no downloads.
 
     python benchmarks/lowp_programs.py unet [--steps N]
     python -m torch_adapter run benchmarks/lowp_programs.py class_images --folder DIR
-    python benchmarks/lowp_programs.py build --folder DIR   # the tiny pipeline, saved once
+    python benchmarks/lowp_programs.py build --folder DIR   # the tiny pipeline (and DIR/wide), saved once
+    python -m torch_adapter run benchmarks/lowp_programs.py validation --folder DIR --wide --size 64
 
 Prints one JSON line: ``{"program", "ms": [wall per timed call], "cpu_ms": [process CPU], "dtype", "size"}``.
 """
@@ -66,6 +67,11 @@ def build(folder: str) -> None:
                              down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
                              norm_num_groups=32, sample_size=32)
     pipe.save_pretrained(folder)
+    # the same pipeline with an SD-like UNet width (SD 1.5: 320 channels, 8 heads of 40): the tiny
+    # one's head dims of 8 and 16 make attention exp-bound and every op overhead-bound
+    torch.manual_seed(0)
+    pipe.unet = UNet2DConditionModel(**{**_unet_config((160, 320), 16, 32), "attention_head_dim": 4})
+    pipe.save_pretrained(Path(folder) / "wide")
 
 
 def pipeline(folder: str, steps: int, autocast: bool, size: int = 32) -> tuple[list[float], list[float]]:
@@ -105,6 +111,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--folder")
     parser.add_argument("--size", type=int, default=32, help="pipeline image size in pixels (latents: half)")
+    parser.add_argument("--wide", action="store_true", help="the pipeline with the SD-like UNet width (build makes both)")
     args = parser.parse_args()
     if args.program == "build":
         build(args.folder)
@@ -112,8 +119,10 @@ def main() -> None:
     if args.program == "unet":
         ms, cpu = unet(args.steps)
     else:
-        ms, cpu = pipeline(args.folder, args.steps, autocast=args.program == "validation", size=args.size)
-    print(json.dumps({"program": args.program, "ms": ms, "cpu_ms": cpu, "dtype": str(DTYPE), "size": args.size}))
+        folder = f"{args.folder}/wide" if args.wide else args.folder
+        ms, cpu = pipeline(folder, args.steps, autocast=args.program == "validation", size=args.size)
+    print(json.dumps({"program": args.program, "ms": ms, "cpu_ms": cpu, "dtype": str(DTYPE), "size": args.size,
+                      "wide": args.wide}))
 
 
 if __name__ == "__main__":
