@@ -4,14 +4,18 @@ The programs (``benchmarks/lowp_programs.py``) choose float16 when ``torch.cuda.
 (the adapter's answer) and float32 otherwise (plain CPU torch): a small SD UNet forward with
 ``torch.autocast(device)`` (the issue's program), DreamBooth class-image generation
 (``torch_dtype`` by device, a tiny StableDiffusionPipeline, 4 steps) and LoRA/ControlNet
-validation (the same under ``torch.autocast(device)``). Configurations:
+validation (the same under ``torch.autocast(device)``), at 32 px (16x16 latents: overhead-bound) and
+``NAME@64`` (32x32 latents, the attention's sequence 1024 as in SD's 512 px inner blocks), and
+``NAME:wide`` with an SD-like UNet width (160/320 channels, head dims 40/80; the tiny UNet's head dims
+of 8/16 make attention exp-bound and every op overhead-bound). Configurations:
 
 - ``plain``    ``python PROGRAM`` (float32 path);
 - ``adapted``  ``python -m torch_adapter run PROGRAM`` (float16 path, ``float16_compute="auto"``);
 - ``fp16``     the same with ``--float16-compute float16`` (the off switch: float16 as the CPU computes it).
 
 Every sample is a fresh interpreter; rounds are interleaved (A B C C B A ...); a sample's value
-is the median of its timed calls after one warm-up call. CPU kinds: ``native`` (this CPU) and
+is the median of its timed calls after one warm-up call, wall and process CPU time (``cpu``: with one
+thread, the figure other processes' load disturbs least). CPU kinds: ``native`` (this CPU) and
 kinds emulated on it by capping the ISA torch's kernels may use (``ATEN_CPU_CAPABILITY``,
 ``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``) with ``TORCH_ADAPTER_CPU_FEATURES`` telling
 the adapter the same — ``avx512_bf16`` (no fp16 units, no AMX: the issue's EPYC) and ``avx2``;
@@ -76,29 +80,42 @@ def _env(kind: str, threads: int) -> dict[str, str]:
     return env
 
 
-def _sample(config: str, program: str, kind: str, args: argparse.Namespace, folder: str) -> float:
-    cmd = [sys.executable, *CONFIGS[config], str(PROGRAMS), program, "--steps", str(args.steps), "--folder", folder]
+def _sample(config: str, program: str, kind: str, args: argparse.Namespace, folder: str) -> tuple[float, float]:
+    """(wall, process CPU) milliseconds, each the median of the sample's timed calls."""
+    name, _, size = program.partition("@")  # class_images@64: the pipeline at 64 px; validation:wide: SD-like UNet width
+    name, _, variant = name.partition(":")
+    cmd = [sys.executable, *CONFIGS[config], str(PROGRAMS), name, "--steps", str(args.steps), "--folder", folder,
+           "--size", size or "32", *(["--wide"] if variant == "wide" else [])]
     done = subprocess.run(cmd, capture_output=True, text=True, env=_env(kind, args.threads), timeout=900)
     line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
     if done.returncode != 0 or line is None:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return statistics.median(json.loads(line)["ms"])
+    got = json.loads(line)
+    return statistics.median(got["ms"]), statistics.median(got["cpu_ms"])
+
+
+def _ratios(samples: dict[str, list[float]]) -> dict:
+    plain = samples["plain"]
+    return {"median_ms": {n: statistics.median(v) for n, v in samples.items()},
+            "vs_plain": {n: statistics.median(plain) / statistics.median(v) for n, v in samples.items()},
+            "paired_vs_plain": {n: statistics.median(p / c for p, c in zip(plain, v)) for n, v in samples.items()}}
 
 
 def measure(program: str, kind: str, args: argparse.Namespace, folder: str) -> dict:
+    """Wall-time figures at the top level; the same from process CPU time under ``cpu`` (with one
+    thread per sample, CPU time is the figure a shared machine's load disturbs least)."""
     names = args.configs.split(",")
-    samples: dict[str, list[float]] = {n: [] for n in names}
+    wall: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     for r in range(args.rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
-            samples[name].append(_sample(name, program, kind, args, folder))
+            w, c = _sample(name, program, kind, args, folder)
+            wall[name].append(w)
+            cpu[name].append(c)
         if not args.quiet:
-            print(f"  {program}/{kind} round {r + 1}: " + ", ".join(f"{n} {samples[n][-1]:.0f} ms" for n in names),
-                  flush=True)
-    plain = samples["plain"]
-    out = {"ms": samples, "median_ms": {n: statistics.median(v) for n, v in samples.items()}}
-    out["vs_plain"] = {n: statistics.median(plain) / statistics.median(v) for n, v in samples.items()}
-    out["paired_vs_plain"] = {n: statistics.median(p / c for p, c in zip(plain, v)) for n, v in samples.items()}
-    return out
+            print(f"  {program}/{kind} round {r + 1}: " + ", ".join(
+                f"{n} {wall[n][-1]:.0f} ms (cpu {cpu[n][-1]:.0f})" for n in names), flush=True)
+    return {"ms": wall, **_ratios(wall), "cpu": {"ms": cpu, **_ratios(cpu)}}
 
 
 def speed_table(kind: str, threads: int) -> dict:
@@ -109,7 +126,9 @@ def speed_table(kind: str, threads: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--programs", default="unet,class_images,validation")
+    p.add_argument("--programs", default="unet,class_images,class_images@64,validation@64,class_images:wide@64,"
+                                         "validation:wide@64",
+                   help="NAME[:wide][@PIXELS]: the pipelines at PIXELS (default 32), :wide with the SD-like UNet width")
     p.add_argument("--kinds", default="native,avx512_bf16,avx2")
     p.add_argument("--configs", default="plain,adapted,fp16",
                    help="plain first; fp16 (the off switch) is emulated float16: minutes per sample on a kind without fp16 units")
@@ -132,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"name": args.name, "conditions_start": harness.conditions(args.threads), "kinds": {}, "tables": {}}
     t0 = time.time()
     with tempfile.TemporaryDirectory() as folder:
-        if set(args.programs.split(",")) - {"unet"}:
+        if {p.partition("@")[0].partition(":")[0] for p in args.programs.split(",")} - {"unet"}:
             subprocess.run([sys.executable, str(PROGRAMS), "build", "--folder", folder], check=True,
                            capture_output=True, env=_env("native", args.threads))
         for kind in kinds:
@@ -143,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{kind} per-dtype ms: {json.dumps(result['tables'][kind])}")
             for program in args.programs.split(","):
                 entry["programs"][program] = m = measure(program, kind, args, folder)
-                print(f"{program:13s} {kind:12s} " + "  ".join(
-                    f"{n} {m['median_ms'][n]:7.0f} ms ({m['vs_plain'][n]:.2f}x, paired {m['paired_vs_plain'][n]:.2f}x)"
-                    for n in m["median_ms"]), flush=True)
+                print(f"{program:16s} {kind:12s} " + "  ".join(
+                    f"{n} {m['median_ms'][n]:7.0f} ms ({m['vs_plain'][n]:.2f}x, paired {m['paired_vs_plain'][n]:.2f}x,"
+                    f" cpu {m['cpu']['paired_vs_plain'][n]:.2f}x)" for n in m["median_ms"]), flush=True)
     result["conditions_end"] = harness.conditions(args.threads)
     result["loaded"] = result["conditions_start"]["loaded"] or result["conditions_end"]["loaded"]
     result["seconds"] = round(time.time() - t0, 1)

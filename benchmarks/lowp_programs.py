@@ -6,9 +6,10 @@ path, the adapter the float16 one. Random weights from configs, no downloads.
 
     python benchmarks/lowp_programs.py unet [--steps N]
     python -m torch_adapter run benchmarks/lowp_programs.py class_images --folder DIR
-    python benchmarks/lowp_programs.py build --folder DIR   # the tiny pipeline, saved once
+    python benchmarks/lowp_programs.py build --folder DIR   # the tiny pipeline (and DIR/wide), saved once
+    python -m torch_adapter run benchmarks/lowp_programs.py validation --folder DIR --wide --size 64
 
-Prints one JSON line: ``{"program", "ms": [per timed call], "dtype", "out_dtype"}``.
+Prints one JSON line: ``{"program", "ms": [wall per timed call], "cpu_ms": [process CPU], "dtype", "size"}``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def _unet_config(channels: tuple[int, ...] = (64, 128), sample: int = 32, cross:
                 attention_head_dim=8, norm_num_groups=32)
 
 
-def unet(steps: int) -> list[float]:
+def unet(steps: int) -> tuple[list[float], list[float]]:
     """The issue's program: a small SD UNet forward, weights ``.to(device, dtype)``, ``torch.autocast(device)``."""
     from diffusers import UNet2DConditionModel
 
@@ -66,11 +67,17 @@ def build(folder: str) -> None:
                              down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
                              norm_num_groups=32, sample_size=32)
     pipe.save_pretrained(folder)
+    # the same pipeline with an SD-like UNet width (SD 1.5: 320 channels, 8 heads of 40): the tiny
+    # one's head dims of 8 and 16 make attention exp-bound and every op overhead-bound
+    torch.manual_seed(0)
+    pipe.unet = UNet2DConditionModel(**{**_unet_config((160, 320), 16, 32), "attention_head_dim": 4})
+    pipe.save_pretrained(Path(folder) / "wide")
 
 
-def pipeline(folder: str, steps: int, autocast: bool) -> list[float]:
+def pipeline(folder: str, steps: int, autocast: bool, size: int = 32) -> tuple[list[float], list[float]]:
     """DreamBooth class images (``torch_dtype`` by device) or LoRA/ControlNet validation (the same
-    under ``torch.autocast(device)``): a few denoising steps per image, 32x32."""
+    under ``torch.autocast(device)``): 4 denoising steps per image, ``size`` pixels square (the tiny
+    VAE halves it: 32 px gives 16x16 latents, 64 px 32x32)."""
     from diffusers import StableDiffusionPipeline
     from diffusers.utils import logging
 
@@ -81,19 +88,21 @@ def pipeline(folder: str, steps: int, autocast: bool) -> list[float]:
 
     def call() -> None:
         with torch.autocast(DEVICE, enabled=autocast and DEVICE == "cuda"):
-            pipe("red circle", num_inference_steps=4, height=32, width=32, generator=generator, output_type="np")
+            pipe("red circle", num_inference_steps=4, height=size, width=size, generator=generator, output_type="np")
 
     return _timed(call, steps)
 
 
-def _timed(call, steps: int) -> list[float]:
+def _timed(call, steps: int) -> tuple[list[float], list[float]]:
+    """Wall and process CPU milliseconds per call (CPU time: what a loaded machine disturbs least)."""
     call()  # warm-up (first-call allocations, kernel choices)
-    out = []
+    wall, cpu = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         call()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
+        wall.append((time.perf_counter() - t0) * 1e3)
+        cpu.append((time.process_time() - c0) * 1e3)
+    return wall, cpu
 
 
 def main() -> None:
@@ -101,15 +110,19 @@ def main() -> None:
     parser.add_argument("program", choices=("unet", "class_images", "validation", "build"))
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--folder")
+    parser.add_argument("--size", type=int, default=32, help="pipeline image size in pixels (latents: half)")
+    parser.add_argument("--wide", action="store_true", help="the pipeline with the SD-like UNet width (build makes both)")
     args = parser.parse_args()
     if args.program == "build":
         build(args.folder)
         return
     if args.program == "unet":
-        ms = unet(args.steps)
+        ms, cpu = unet(args.steps)
     else:
-        ms = pipeline(args.folder, args.steps, autocast=args.program == "validation")
-    print(json.dumps({"program": args.program, "ms": ms, "dtype": str(DTYPE)}))
+        folder = f"{args.folder}/wide" if args.wide else args.folder
+        ms, cpu = pipeline(folder, args.steps, autocast=args.program == "validation", size=args.size)
+    print(json.dumps({"program": args.program, "ms": ms, "cpu_ms": cpu, "dtype": str(DTYPE), "size": args.size,
+                      "wide": args.wide}))
 
 
 if __name__ == "__main__":

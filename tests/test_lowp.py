@@ -260,3 +260,85 @@ def test_the_default_trace_counts_a_rewritten_call_once():
             a @ a
     rows = [r for r in log.records() if r.op == "aten::mm"]
     assert [(r.route, r.calls) for r in rows] == [("composite", 2)], (log.meta, rows)
+
+
+# --- float32-computed ops (FP32_OPS): group_norm (+ backward) and softmax ------------------------
+
+def _norm_program(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return F.group_norm(x, 4, w, b), x.softmax(-1)
+
+
+def _norm_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(2)
+    return torch.randn(2, 8, 5, 5).half() * 3 + 1, torch.randn(8).half(), torch.randn(8).half()
+
+
+@pytest.mark.parametrize("kind", list(KIND_DECISION))
+def test_group_norm_and_softmax_compute_in_float32_with_float16_in_and_out(kind):
+    x, w, b = _norm_inputs()
+    ref = [r.half() for r in _norm_program(x.float(), w.float(), b.float())]  # float32 math, rounded once
+    xg = x.clone().requires_grad_()
+    with forced(kind), torch_adapter.adapted("cpu"):
+        with torch_adapter.trace(use_observer=False) as log:
+            out = _norm_program(xg, w, b)
+            out[0].float().square().sum().backward()
+    rows = {r.op: r for r in log.records() if r.via == "low_precision"}
+    if KIND_DECISION[kind] is None:  # a CPU with float16 tiles: float16 as the CPU computes it
+        assert not rows
+        return
+    assert set(rows) == {"aten::native_group_norm", "aten::native_group_norm_backward", "aten::_softmax"}
+    for rec in rows.values():
+        assert rec.route == "composite"
+        assert rec.reason.startswith("float16 computed in float32 (its float16 CPU kernel is slower than float32"), \
+            rec.reason
+    assert [o.dtype for o in out] == [torch.float16] * 2 and xg.grad.dtype == torch.float16
+    for o, r in zip(out, ref):  # float32 internally: at most one float16 rounding off the float32 answer
+        torch.testing.assert_close(o, r, rtol=1e-3, atol=1e-3)
+    xf = x.float().requires_grad_()
+    F.group_norm(xf, 4, w.float(), b.float()).square().sum().backward()
+    torch.testing.assert_close(xg.grad.float(), xf.grad, rtol=2e-2, atol=2e-2)
+
+
+def test_the_off_switch_leaves_the_norms_as_the_cpu_computes_them():
+    x, w, b = _norm_inputs()
+    plain = _norm_program(x, w, b)
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu", float16_compute="float16"):
+        assert tp.python_kernel("aten::native_group_norm", "CPU") is None
+        with torch_adapter.trace(use_observer=False) as log:
+            off = _norm_program(x, w, b)
+    assert not any(r.via == "low_precision" for r in log.records())
+    for p, o in zip(plain, off):
+        torch.testing.assert_close(o, p, rtol=0, atol=0)
+
+
+def test_softmax_asking_for_a_float32_output_is_the_cpus_answer():
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu"):
+        with pytest.raises(RuntimeError, match="half to float conversion is not supported on CPU"):
+            torch._softmax(torch.randn(3, 3).half(), -1, True)
+
+
+# --- recent outputs in the compute dtype (routing/lowp_cache.py) ---------------------------------
+
+def _chain(x: torch.Tensor, a: torch.nn.Linear, b: torch.nn.Linear, inplace: bool) -> torch.Tensor:
+    h = a(x).view(4, 32, 128)  # a view of our output (attention's q/k/v are views of Linear outputs)
+    if inplace:
+        h[0].mul_(-2)  # changed in place through a view: the kept copy is stale
+    return b(h)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_a_chain_of_rewritten_ops_casts_once_and_gives_the_recast_answer(inplace):
+    torch.manual_seed(3)
+    x = torch.randn(128, 256).half()
+    a, b = torch.nn.Linear(256, 128).half(), torch.nn.Linear(128, 128).half()
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu") as session, torch.no_grad():
+        cache = session.low_precision.outputs
+        cache.hits = 0
+        kept = _chain(x, a, b, inplace)
+        hits = cache.hits
+        cache.size = 0  # nothing kept: every input cast from float16 again
+        recast = _chain(x, a, b, inplace)
+    assert hits == (0 if inplace else 1)
+    # bfloat16 values are float16 values (in float16's range): the kept copy is the recast one, bit for bit
+    torch.testing.assert_close(kept, recast, rtol=0, atol=0)
+    assert not cache.entries  # uninstalled: nothing kept

@@ -14,6 +14,9 @@ the policy chose (``bfloat16`` where the CPU has bf16 units, ``float32`` where i
 kernel on them and casts the result back to float16. The kernels sit below autograd and
 autocast, so ``tensor.dtype``, autograd's saved tensors, state dicts and saved files stay
 float16; every other call (float32, bfloat16, integers) goes straight to the CPU's kernel.
+:data:`FP32_OPS` (group_norm and its backward, softmax: float16 CPU kernels slower than float32 with
+two casts) compute in float32 under any policy but the off switch. A rewritten call's float16 output
+keeps its compute-dtype original for the next rewritten call that takes it (:mod:`.lowp_cache`).
 
 Policy: ``install(float16_compute=...)`` / ``configure`` / ``torch-adapter run --float16-compute``:
 ``"auto"`` (default: the CPU's choice), ``"bfloat16"``, ``"float32"``, ``"float16"`` (off:
@@ -34,6 +37,7 @@ from typing import Any
 import torch
 
 from ..core import torch_private as tp
+from .lowp_cache import OutputCache
 
 __all__ = ["OPS", "apply", "compute_dtype"]
 
@@ -47,6 +51,20 @@ OPS: dict[str, tuple[int, ...] | None] = {
     "aten::_scaled_dot_product_flash_attention_for_cpu_backward": (0, 1, 2),
 }
 _FP32_INPUTS = {"aten::_scaled_dot_product_flash_attention_for_cpu_backward": 5}
+# Ops whose float16 CPU kernels are slower than float32 ones with the two casts (CUDA autocast's fp32
+# list has them too), computed in float32 with float16 in and out whatever the policy's dtype (bf16
+# is slower than float32 there as well). Measured, 1 thread, a (2, 64, 32, 32) input, 32 groups:
+# group_norm fp16 209-326 us, fp32 with casts 76-109 us (fp32 49-72 us) on AVX-512 and AVX2 alike;
+# its backward fp16 553 vs fp32 256 us; softmax over (8, 1024, 16) fp16 843-1176 vs fp32 190-263 us
+# on AVX-512 (AVX2: 256 vs 227). layer_norm, silu, add, gelu: fp16 within 1.3x of fp32, not worth
+# two casts. The outputs come back in float16 (group_norm's mean/rstd too: the dtypes its CPU kernel
+# gives, so autograd's saved tensors and the backward see what they see without the adapter).
+FP32_OPS: dict[str, tuple[int, ...] | None] = {
+    "aten::native_group_norm": (0, 1, 2), "aten::native_group_norm_backward": (0, 1, 2), "aten::_softmax": None,
+}
+OPS.update(FP32_OPS)
+# _softmax(half_to_float=True) asks for a float32 output, which the CPU refuses: the CPU's kernel answers
+_UNCHANGED_IF_TRUE = {"aten::_softmax": 2}
 _HALF = torch.float16
 # Below this many multiply-adds a bfloat16 product is slower than a float32 one (oneDNN's set-up
 # dominates; measured here, 1 thread: a 16x64x128 mm 34 us bf16 vs 7 us fp32, 2048x64x64 106 vs
@@ -101,6 +119,7 @@ class _Rewrite:
         self.logged: set[str] = set()
         # parameter copies in the compute dtype: id -> (weakref, version, {(dtype, view geometry): copy})
         self.params: dict[int, tuple[Any, int, dict[tuple, torch.Tensor]]] = {}
+        self.outputs = OutputCache()  # recent float16 outputs -> their compute-dtype originals
         self.lock = threading.Lock()
         self.hooked = False  # restored() is on the session's Patcher
 
@@ -116,13 +135,19 @@ class _Rewrite:
                     return ""
                 return f"; products under {_SMALL_CONV_MACS if 'conv' in name else _SMALL_MACS:,} multiply-adds in float32"
 
-            self.decisions = {name: RouteDecision(name, Route.COMPOSITE, f"float16 computed in {short} ({why}"
-                                                  f"{small(name)})", "low_precision") for name in OPS}
+            def reason(name: str) -> str:
+                if name in FP32_OPS:
+                    return (f"float16 computed in float32 (its float16 CPU kernel is slower than float32 with two "
+                            f"casts; CUDA autocast computes it in float32 too; float16 in and out; float16_compute={policy!r})")
+                return f"float16 computed in {short} ({why}{small(name)})"
+
+            self.decisions = {name: RouteDecision(name, Route.COMPOSITE, reason(name), "low_precision") for name in OPS}
             if dtype is not None and not self.libs:
                 self._register()
             elif dtype is None:
                 self.destroy_locked()
             self.params.clear()
+            self.outputs.clear()
 
     def _register(self) -> None:
         lib = tp.kernel_library("aten")
@@ -143,6 +168,7 @@ class _Rewrite:
             self.hooked = False
             self.destroy_locked()
             self.params.clear()
+            self.outputs.clear()
 
     def destroy_locked(self) -> None:
         for lib in self.libs:
@@ -154,21 +180,24 @@ class _Rewrite:
 
         size = _MACS.get(name)
         small = _SMALL_CONV_MACS if name == "aten::convolution" else _SMALL_MACS
+        fp32 = name in FP32_OPS
+        flag = _UNCHANGED_IF_TRUE.get(name)
 
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
             dtype = self.dtype
-            if dtype is None or not _all_half(args, kwargs, keep):
+            if dtype is None or not _all_half(args, kwargs, keep) or (flag is not None and args[flag]):
                 return original.call_boxed(keyset, *args, **kwargs)
-            if dtype is torch.bfloat16 and size is not None and size(args) < small:
+            if fp32 or (dtype is torch.bfloat16 and size is not None and size(args) < small):
                 dtype = torch.float32  # a tiny product: bf16 kernels' set-up costs more than float32's work
             self._note(name)
             down = self.cast
             args = tuple(down(a, dtype) for a in args)
             kwargs = {k: down(v, dtype) for k, v in kwargs.items()}
             out = original.call_boxed(keyset, *args, **kwargs)
+            up = self.up
             if outputs is None:
-                return _up(out, dtype)
-            return tuple(_up(o, dtype) if i in outputs else o for i, o in enumerate(out))
+                return up(out, dtype)
+            return tuple(up(o, dtype) if i in outputs else o for i, o in enumerate(out))
 
         kernel.__name__ = f"torch_adapter_low_precision_{name.partition('::')[2]}"
         return kernel
@@ -179,7 +208,8 @@ class _Rewrite:
             return a
         base = a._base if a._base is not None else a
         if not isinstance(base, torch.nn.Parameter):
-            return _down(a, dtype)
+            cached = self.outputs.get(a, base, dtype)  # our own recent output: its compute-dtype original
+            return _down(a, dtype) if cached is None else cached
         entry = self.params.get(id(base))
         if entry is None or entry[0]() is not base or entry[1] != base._version:  # new, or changed in place
             ref = weakref.ref(base, lambda _r, k=id(base), d=self.params: d.pop(k, None))
@@ -189,6 +219,13 @@ class _Rewrite:
         if out is None:
             out = entry[2][key] = _down(a, dtype)
         return out
+
+    def up(self, c: Any, dtype: torch.dtype) -> Any:
+        """The float16 result the program gets; ``c`` kept for the next rewritten call that takes it."""
+        y16 = _up(c, dtype)
+        if y16 is not c:
+            self.outputs.put(y16, c)
+        return y16
 
     def _note(self, name: str) -> None:
         """The call in the routing logs now open (as the engine's calls are) and, first time, the redirect log."""
