@@ -76,21 +76,15 @@ class AdapterMagics(Magics):
             self.router.session_log.simulated = session.target.simulated
             return self._changed(f"torch_adapter: target {session.target.label}")
         if args.action == "policy":
-            if args.value not in ("allow", "warn", "error"):
-                raise UsageError(f"%adapter policy: expected allow, warn or error; got {args.value!r}"
-                                 f"{did_you_mean(args.value, ('allow', 'warn', 'error'))}")
+            _one_of("%adapter policy", args.value, ("allow", "warn", "error"))
             configure(fallback=args.value)
             return self._changed(f"torch_adapter: fallback policy {args.value}")
         if args.action == "observe":
-            if args.value not in ("on", "off"):
-                raise UsageError(f"%adapter observe: expected on or off; got {args.value!r}"
-                                 f"{did_you_mean(args.value, ('on', 'off'))}")
+            _one_of("%adapter observe", args.value, ("on", "off"))
             self.router.observing = args.value == "on"
             return self._changed(f"torch_adapter: per-cell routing {'on' if self.router.observing else 'off'}")
         if args.action == "dtypes":
-            if args.value not in ("raise", "record", "off"):
-                raise UsageError(f"%adapter dtypes: expected raise, record or off; got {args.value!r}"
-                                 f"{did_you_mean(args.value, ('raise', 'record', 'off'))}")
+            _one_of("%adapter dtypes", args.value, ("raise", "record", "off"))
             configure(dtype_check=args.value)
             return self._changed(f"torch_adapter: dtype check {args.value}")
         raise UsageError(f"%adapter: unknown action {args.action!r}"
@@ -204,6 +198,15 @@ class AdapterMagics(Magics):
                  "text/html": f'<iframe style="width:100%;height:600px;border:1px solid #ddd" '
                               f'srcdoc="{html.escape(page, quote=True)}"></iframe>'}, raw=True)
         return report
+
+
+def _one_of(what: str, value: str, choices: tuple[str, ...]) -> None:
+    """A UsageError in the magic's words unless ``value`` is one of ``choices`` (with a did-you-mean)."""
+    from ..errors import did_you_mean
+
+    if value not in choices:
+        allowed = ", ".join(choices[:-1]) + f" or {choices[-1]}"
+        raise UsageError(f"{what}: expected {allowed}; got {value!r}{did_you_mean(value, choices)}")
 
 
 def _check_target(value: str, simulate: bool) -> None:
