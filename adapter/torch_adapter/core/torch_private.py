@@ -239,18 +239,35 @@ def below_autocast(key: str) -> Any:
 # torch_adapter.routing.observe builds a small C++ RecordFunction observer with
 # torch.utils.cpp_extension (public, but the build folder is a private helper), and falls
 # back to the autograd profiler's C++ entry points and event tree (private, "experimental").
-__all__ += ["extension_build_dir", "can_build_extensions", "load_extension", "op_profiler_start",
+__all__ += ["extension_build_dir", "extension_name", "is_extension_built", "import_built_extension",
+            "can_build_extensions", "load_extension", "op_profiler_start",
             "op_profiler_stop", "profiler_function_events"]
 
 
 def extension_build_dir(name: str) -> Any:
     """Where ``torch.utils.cpp_extension.load(name=...)`` builds and caches ``name``
-    (``$TORCH_EXTENSIONS_DIR`` or the user cache, per Python and accelerator)."""
+    (``$TORCH_EXTENSIONS_DIR`` or the user cache, per Python and accelerator), computed as
+    ``cpp_extension._get_build_directory`` does without importing cpp_extension (0.16 s, at every
+    start-up that loads a built extension; tests/test_half_gate.py compares the two). Not created."""
+    import os
+    import sys
     from pathlib import Path
 
-    from torch.utils import cpp_extension
+    import torch
+    from torch import _appdirs
 
-    return Path(cpp_extension._get_build_directory(name, False))
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        if torch.version.hip is not None:
+            accelerator = f"rocm{torch.version.hip.replace('.', '')}"
+        elif torch.version.cuda is not None:
+            accelerator = f"cu{torch.version.cuda.replace('.', '')}"
+        else:
+            accelerator = "cpu"
+        python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+        root = os.path.join(os.path.realpath(_appdirs.user_cache_dir(appname="torch_extensions")),
+                            f"{python}_{accelerator}")
+    return Path(root) / name
 
 
 def can_build_extensions() -> bool:
@@ -265,11 +282,60 @@ def can_build_extensions() -> bool:
 
 
 def load_extension(name: str, source: Any, *, verbose: bool = False) -> Any:
-    """Build (once, cached) and import a one-file C++ extension; raises on failure."""
+    """Build (once, cached) and import a one-file C++ extension; raises on failure.
+
+    A finished build (its ``.so`` there, no build holding the folder's lock) is imported directly:
+    ``cpp_extension.load`` would re-check it with ninja first (~0.17 s per extension, at start-up).
+    ``name`` carries a digest of the source and the torch version, so the file found is this source's.
+    """
     from torch.utils import cpp_extension
 
+    built = import_built_extension(name)
+    if built is not None:
+        return built
     return cpp_extension.load(name=name, sources=[str(source)], extra_cflags=["-O2"],
                               verbose=verbose, is_python_module=True)
+
+
+def extension_name(prefix: str, source: Any) -> str:
+    """``prefix`` + a digest of the C++ ``source`` file and the torch version: a changed source or
+    another torch gets its own build."""
+    import hashlib
+    from pathlib import Path
+
+    import torch
+
+    digest = hashlib.sha256(Path(source).read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    return f"{prefix}_{digest}"
+
+
+def is_extension_built(name: str) -> bool:
+    """Is extension ``name`` compiled in its build folder (never compiles)?"""
+    directory = extension_build_dir(name)
+    return any(directory.glob(f"{name}*.so")) or any(directory.glob(f"{name}*.pyd"))
+
+
+def import_built_extension(name: str) -> Any:
+    """The module of a finished build of extension ``name``, imported; None when there is none (or a
+    build of it is under way: torch's lock file is in its folder)."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    if name in sys.modules:
+        return sys.modules[name]
+    directory = extension_build_dir(name)
+    path = directory / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[-1]}"
+    if not path.is_file() or (directory / "lock").exists():
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except ImportError:  # a partial or foreign file: the full load rebuilds it
+        return None
+    sys.modules[name] = module
+    return module
 
 
 def op_profiler_start() -> None:

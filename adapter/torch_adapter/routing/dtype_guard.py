@@ -10,7 +10,6 @@ torch_adapter.routing.dtype_guard --build`` pays the compile once (CI, images).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import threading
@@ -27,17 +26,15 @@ _ERROR: str | None = None
 
 
 def _name() -> str:
-    import torch
+    from ..core.torch_private import extension_name
 
-    digest = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
-    return f"torch_adapter_dtype_guard_{digest}"
+    return extension_name("torch_adapter_dtype_guard", _SOURCE)
 
 
 def is_built() -> bool:
-    from ..core.torch_private import extension_build_dir
+    from ..core.torch_private import is_extension_built
 
-    directory = extension_build_dir(_name())
-    return any(directory.glob(f"{_name()}*.so")) or any(directory.glob(f"{_name()}*.pyd"))
+    return is_extension_built(_name())
 
 
 def load(*, strict: bool = False) -> Any:

@@ -122,6 +122,8 @@ class _Rewrite:
         self.outputs = OutputCache()  # recent float16 outputs -> their compute-dtype originals
         self.lock = threading.Lock()
         self.hooked = False  # restored() is on the session's Patcher
+        self.gate: Any = None  # the C++ float16 gate's module while its kernels are registered
+        self.gate_state = ""  # "cpp", or what half_gate.ensure_built() said (the Python kernels serve)
 
     def set_policy(self, policy: str) -> None:
         from .decide import Route, RouteDecision
@@ -150,17 +152,27 @@ class _Rewrite:
             self.outputs.clear()
 
     def _register(self) -> None:
+        """The Python kernels on the CPU key and, where it is built, the C++ gate above them (float16
+        calls only reach Python: :mod:`.half_gate`); else a background build of it for later sessions."""
+        from . import half_gate
+
+        originals = {name: tp.host_kernel(name, "CPU") for name in OPS}
+        originals = {name: k for name, k in originals.items() if k is not None}  # None: not in this build
+        gate = half_gate.load()
+        if gate is not None:
+            gate.capture([(n, _FP32_INPUTS.get(n, -1), _UNCHANGED_IF_TRUE.get(n, -1)) for n in originals], "CPU")
         lib = tp.kernel_library("aten")
         try:
-            for name, outputs in OPS.items():
-                original = tp.host_kernel(name, "CPU")
-                if original is None:  # not in this torch build
-                    continue
-                tp.register_python_kernel(lib, name, self._kernel(name, original, outputs), "CPU")
+            for name, original in originals.items():
+                tp.register_python_kernel(lib, name, self._kernel(name, original, OPS[name]), "CPU")
+            if gate is not None:
+                gate.install("CPU")
+                self.gate = gate
         except BaseException:
             lib._destroy()
             raise
         self.libs.append(lib)
+        self.gate_state = "cpp" if gate is not None else half_gate.ensure_built()
 
     def restored(self) -> None:
         """The session's patches came off: so do the kernels (apply() puts them back at resume)."""
@@ -171,6 +183,9 @@ class _Rewrite:
             self.outputs.clear()
 
     def destroy_locked(self) -> None:
+        if self.gate is not None:
+            self.gate.uninstall()
+            self.gate = None
         for lib in self.libs:
             lib._destroy()
         self.libs.clear()

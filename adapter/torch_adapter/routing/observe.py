@@ -41,7 +41,6 @@ warning and an entry in ``result.errors``, and the result holds what was counted
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import threading
 import time
@@ -72,10 +71,9 @@ _WARNED: set[str] = set()  # messages warned about once per process
 
 # -- the C++ extension: naming, building, loading ---------------------------------------
 def _extension_name() -> str:
-    import torch
+    from ..core.torch_private import extension_name
 
-    digest = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
-    return f"torch_adapter_observer_{digest}"
+    return extension_name("torch_adapter_observer", _SOURCE)
 
 
 def _build_dir() -> Path:
@@ -86,8 +84,9 @@ def _build_dir() -> Path:
 
 def is_built() -> bool:
     """Is the extension for this source and torch version already compiled (cached)?"""
-    directory = _build_dir()
-    return any(directory.glob(f"{_extension_name()}*.so")) or any(directory.glob(f"{_extension_name()}*.pyd"))
+    from ..core.torch_private import is_extension_built
+
+    return is_extension_built(_extension_name())
 
 
 def is_compiled_available() -> bool:

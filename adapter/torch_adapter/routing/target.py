@@ -126,7 +126,18 @@ def cpu_details() -> dict[str, Any]:
     f = cpu_features()
     return {"cpu_kind": f.kind, "vector_bits": f.vector_bits, "bf16_units": ",".join(f.bf16_units) or "none",
             "fp16_units": ",".join(f.fp16_units) or "none", "amx": ",".join(f.amx) or "none",
-            "float16_compute": f.float16_compute()[0], "features_from": f.source}
+            "float16_compute": f.float16_compute()[0], "float16_gate": _gate_state(), "features_from": f.source}
+
+
+def _gate_state() -> str:
+    """Who tests the heavy ops' dtype on a CPU session: the C++ gate when built, else Python (routing/half_gate.py)."""
+    import os
+
+    from . import half_gate
+
+    if os.environ.get(half_gate.ENV) == "python":
+        return f"python ({half_gate.ENV}=python)"
+    return "cpp" if half_gate.is_built() else "python (the first CPU session builds the C++ gate in the background)"
 
 
 def _probe_cpu() -> tuple[bool, int, dict[str, Any]]:

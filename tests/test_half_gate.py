@@ -1,0 +1,175 @@
+"""The C++ float16 gate (routing/half_gate.py): float32 calls of the heavy ops never enter Python,
+float16 ones get the same answers as from the Python kernels alone, and the build runs once, in the
+background, where it is missing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_adapter
+from torch_adapter.core import torch_private as tp
+from torch_adapter.core.cpu_features import forced
+from torch_adapter.routing import half_gate, low_precision
+from torch_adapter.session import suspended
+
+pytestmark = pytest.mark.skipif(not (half_gate.is_built() or tp.can_build_extensions()),
+                                reason="no C++ compiler or ninja here: the Python kernels serve (tests/test_lowp.py)")
+
+
+@pytest.fixture(scope="module")
+def gate():
+    half_gate.build()
+    return half_gate.load()
+
+
+@pytest.fixture
+def backend(request, monkeypatch, gate):
+    """``cpp``: the gate above the Python kernels; ``python``: the Python kernels alone."""
+    monkeypatch.setenv(half_gate.ENV, "" if request.param == "cpp" else "python")
+    monkeypatch.setattr(half_gate, "_EXT", None)
+    return request.param
+
+
+def _python_kernel_calls(fn) -> int:
+    """How many times a low-precision Python kernel ran during ``fn()`` (a profile hook, no stand-in)."""
+    calls = 0
+
+    def profile(frame, event, arg):
+        nonlocal calls
+        if event == "call" and frame.f_code.co_name == "kernel" and frame.f_code.co_filename == low_precision.__file__:
+            calls += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def _cpu_kernel_text(op: str) -> str:
+    return repr(torch.library.get_kernel(op, "CPU"))
+
+
+def test_the_build_folder_is_torchs_own(tmp_path, monkeypatch):
+    from torch.utils import cpp_extension
+
+    for value in (None, str(tmp_path)):
+        if value is None:
+            monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+        else:
+            monkeypatch.setenv("TORCH_EXTENSIONS_DIR", value)
+        ours = tp.extension_build_dir("torch_adapter_probe_name")
+        assert str(ours) == cpp_extension._get_build_directory("torch_adapter_probe_name", False)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "python"], indirect=True)
+def test_float32_calls_reach_python_only_without_the_gate(backend):
+    a, x, w = torch.randn(16, 16), torch.randn(1, 4, 6, 6), torch.randn(4, 4, 3, 3)
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu") as s:
+        assert s.low_precision.gate_state == ("cpp" if backend == "cpp" else "off")
+        assert ("_half_gate.cpp" in _cpu_kernel_text("aten::mm")) == (backend == "cpp")
+        fp32 = _python_kernel_calls(lambda: (a @ a, F.conv2d(x, w), torch.softmax(a, -1), torch.addmm(a, a, a)))
+        fp16 = _python_kernel_calls(lambda: (a.half() @ a.half(), F.conv2d(x.half(), w.half())))
+    assert fp32 == (0 if backend == "cpp" else 4)
+    assert fp16 == 2
+
+
+def _program(kind: str):
+    """Each gated op family in float16 (forward and backward), and the calls the gate must leave alone."""
+    torch.manual_seed(0)
+    conv, lin = torch.nn.Conv2d(4, 8, 3, padding=1).half(), torch.nn.Linear(8, 8).half()
+    x = torch.randn(2, 4, 6, 6, dtype=torch.half, requires_grad=True)
+    out = {}
+    with forced(kind), torch_adapter.adapted("cpu"):
+        h = F.group_norm(conv(x), 4)
+        seq = h.flatten(2).transpose(1, 2).contiguous().unflatten(-1, (2, 4)).transpose(1, 2)
+        a = F.scaled_dot_product_attention(seq, seq, seq).transpose(1, 2).flatten(2)
+        y = torch.softmax(lin(a), -1)
+        y.float().sum().backward()
+        out["y"], out["dx"], out["dw"] = y, x.grad, conv.weight.grad
+        out["bmm"] = torch.baddbmm(a, a, lin.weight.detach().expand(2, 8, 8))
+        out["mixed"] = torch.mm(torch.randn(3, 3), torch.randn(3, 3))  # float32: the CPU's own kernel
+        with pytest.raises(RuntimeError) as mixed:  # float16 x float32: the CPU's own error, as without us
+            torch.mm(torch.randn(3, 3).half(), torch.randn(3, 3))
+        out["error"] = type(mixed.value), str(mixed.value)
+        out["half_to_float"] = pytest.raises(RuntimeError, torch._softmax, torch.randn(2, 2).half(), -1, True)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["avx2", "avx512_bf16"])
+def test_the_gate_changes_who_decides_not_the_answers(kind, monkeypatch, gate):
+    answers = {}
+    for backend in ("cpp", "python"):
+        monkeypatch.setenv(half_gate.ENV, "" if backend == "cpp" else "python")
+        monkeypatch.setattr(half_gate, "_EXT", None)
+        answers[backend] = _program(kind)
+    cpp, py = answers["cpp"], answers["python"]
+    for name in ("y", "dx", "dw", "bmm"):
+        assert cpp[name].dtype is torch.float16
+        torch.testing.assert_close(cpp[name], py[name], rtol=0, atol=0)
+    torch.manual_seed(0)
+    assert cpp["error"] == py["error"]
+    assert str(cpp["half_to_float"].value) == str(py["half_to_float"].value)
+
+
+def test_the_cpu_kernels_are_torchs_own_again_after_the_session(gate):
+    before = {op: _cpu_kernel_text(op) for op in low_precision.OPS if tp.host_kernel(op, "CPU") is not None}
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu") as s:
+        assert s.low_precision.gate is not None
+        with suspended():
+            assert {op: _cpu_kernel_text(op) for op in before} == before
+        assert "_half_gate.cpp" in _cpu_kernel_text("aten::convolution")
+        torch_adapter.configure(float16_compute="float16")  # the off switch takes gate and kernels off
+        assert {op: _cpu_kernel_text(op) for op in before} == before
+        torch_adapter.configure(float16_compute="auto")
+        assert "_half_gate.cpp" in _cpu_kernel_text("aten::convolution")
+    assert {op: _cpu_kernel_text(op) for op in before} == before
+    assert not gate.installed()
+
+
+def test_a_missing_gate_is_built_once_in_the_background(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(half_gate, "_EXT", None)
+    assert not half_gate.is_built()
+    assert half_gate.ensure_built() == "started"
+    child = half_gate._SPAWNED
+    marker = half_gate._marker()
+    assert marker.exists()
+    assert half_gate.ensure_built() == "building"  # another session meanwhile starts no second build
+    assert child.wait(timeout=600) == 0, marker.with_suffix(".log").read_text()[-3000:]
+    assert not marker.exists() and half_gate.is_built()
+    assert half_gate.ensure_built() == "built"
+    # a fresh interpreter starting a CPU session finds it and uses it
+    code = ("import torch_adapter, torch\nwith torch_adapter.adapted('cpu') as s:\n"
+            "    print(s.low_precision.gate_state)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)})
+    assert done.stdout.split() == ["cpp"], done.stderr
+
+
+def test_a_stale_marker_is_replaced_and_an_unwritable_folder_only_reported(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.setattr(half_gate, "_EXT", None)
+    monkeypatch.setattr(half_gate, "_STALE_S", 0)  # any marker counts as a dead build's
+    marker = half_gate._marker()
+    marker.parent.mkdir(parents=True)
+    marker.write_text("12345\n")
+    os.utime(marker, (1, 1))
+    assert half_gate.ensure_built() == "started"
+    os.killpg(half_gate._SPAWNED.pid, signal.SIGKILL)  # the build and its compiler
+    half_gate._SPAWNED.wait()
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(blocked))
+    said = half_gate.ensure_built()
+    assert said.startswith("cannot write"), said
+    monkeypatch.setenv(half_gate.ENV, "python")
+    assert half_gate.ensure_built() == "off" and half_gate.load() is None
