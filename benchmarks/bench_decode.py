@@ -10,6 +10,8 @@ an 8-token prompt with the KV cache, under ``torch.no_grad()``, written the CUDA
 - ``redirect``    ``adapted(target="cpu")`` (goal >= 99.5 %)
 - ``observe``     redirect + ``trace()`` around each block on the real target (goal >= 95 %)
 - ``simulated``   ``adapted(target="mps", simulate=True)`` (goal >= 90 %)
+- ``rf_floor``    redirect + a RecordFunction callback that does nothing: the floor under ``observe``
+  (RecordFunction's own cost per dispatcher call, which any exact counter built on it pays)
 
 Besides throughput kept, each configuration's cost per op in nanoseconds:
 (its median step - plain's median step) / aten ops per step (counted once, by a TorchDispatchMode).
@@ -79,6 +81,25 @@ def _tracing() -> Callable[[], Any]:
     return context
 
 
+def _record_function_floor() -> Callable[[], Any]:
+    """A RecordFunction callback that does nothing, around each block (the observer extension's
+    ``null_acquire``): the cost floor of any exact op counter built on RecordFunction, as ``trace()`` is."""
+    @contextlib.contextmanager
+    def context() -> Iterator[None]:
+        from torch_adapter.routing import observe
+
+        ext = observe._load()
+        if ext is None:
+            raise SystemExit("rf_floor needs the C++ observer (a C++ compiler and ninja)")
+        ext.null_acquire()
+        try:
+            yield
+        finally:
+            ext.null_release()
+
+    return context
+
+
 def ops_per_step() -> int:
     """aten calls in one plain step (below autograd, as a TorchDispatchMode sees them)."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -97,6 +118,19 @@ def ops_per_step() -> int:
     return Count.n
 
 
+def dispatcher_calls_per_step() -> int | None:
+    """Dispatcher calls in one plain step at every depth (what RecordFunction fires for), by the observer."""
+    from torch_adapter.routing.observe import OpObserver
+
+    step = _build_decode("cpu")
+    step()
+    observer = OpObserver()
+    observer.start()
+    step()
+    result = observer.stop()
+    return sum(result.calls.values()) or None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     harness.add_arguments(parser, workloads=["gpt2_decode"], default_workload="gpt2_decode")
@@ -106,20 +140,26 @@ def main(argv: list[str] | None = None) -> int:
                                     GOALS["observe"], timed=_tracing())
     configs = [harness.plain(), redirect, observe,
                harness.adapted("mps", simulate=True, name="simulated", goal=GOALS["simulated"]),
+               harness.Configuration("rf_floor", redirect.context, "cuda",
+                                     "adapted(target='cpu') + a RecordFunction callback that does nothing (observe's floor)",
+                                     None, timed=_record_function_floor()),
                harness.plain(name="plain_again")]
     args.configs = args.configs or "plain,redirect,observe,simulated"
     out_dir = Path(__file__).parent / "results"
     args.json = args.json or str(out_dir / "decode")  # docs/figures/ only when asked (--json NAME)
-    ops = ops_per_step()
+    ops, calls = ops_per_step(), dispatcher_calls_per_step()
     results = harness.run_from_args(args, [decode], configs, default_name="decode",
                                     quick={"repeats": 5, "steps": 3, "warmup": 2, "min_block": 0.5})
     for result in results:
         plain = result.by_name("plain").median_s
-        print(f"{ops} aten ops per step; cost per op over plain (median step difference / ops):")
+        print(f"{ops} aten ops per step ({calls} dispatcher calls at every depth); cost over plain "
+              "(median step difference / aten ops, / dispatcher calls):")
         for cfg in result.configs[1:]:
-            print(f"  {cfg.name:<12} {(cfg.median_s - plain) / ops * 1e9:8.0f} ns/op   kept {cfg.kept:.2%}"
+            per_call = f"{(cfg.median_s - plain) / calls * 1e9:6.0f} ns/call" if calls else ""
+            print(f"  {cfg.name:<12} {(cfg.median_s - plain) / ops * 1e9:8.0f} ns/op {per_call}  kept {cfg.kept:.2%}"
                   f"   best {cfg.best_kept:.2%}   cpu {cfg.cpu_kept:.2%}")
         result.meta["ops_per_step"] = ops
+        result.meta["dispatcher_calls_per_step"] = calls
         result.meta["ns_per_op"] = {c.name: round((c.median_s - plain) / ops * 1e9, 1) for c in result.configs[1:]}
         target = Path(args.json)
         print(f"wrote {harness.write_json(result, target.parent if target.parent != Path('.') else None)}")

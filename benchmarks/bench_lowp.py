@@ -86,7 +86,8 @@ def _sample(config: str, program: str, kind: str, args: argparse.Namespace, fold
     name, _, variant = name.partition(":")
     cmd = [sys.executable, *CONFIGS[config], str(PROGRAMS), name, "--steps", str(args.steps), "--folder", folder,
            "--size", size or "32", *(["--wide"] if variant == "wide" else [])]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(kind, args.threads), timeout=900)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(kind, args.threads), timeout=900,
+                          preexec_fn=harness.pinned(args.pin))
     line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
     if done.returncode != 0 or line is None:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -118,9 +119,9 @@ def measure(program: str, kind: str, args: argparse.Namespace, folder: str) -> d
     return {"ms": wall, **_ratios(wall), "cpu": {"ms": cpu, **_ratios(cpu)}}
 
 
-def speed_table(kind: str, threads: int) -> dict:
+def speed_table(kind: str, threads: int, pin: int = -1) -> dict:
     done = subprocess.run([sys.executable, "-c", _TABLE], capture_output=True, text=True, env=_env(kind, threads),
-                          timeout=600, check=True)
+                          timeout=600, check=True, preexec_fn=harness.pinned(pin))
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -136,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=3, help="timed calls per sample (after one warm-up call)")
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every sample (default 1: a shared machine)")
     p.add_argument("--table", action="store_true", help="also measure the per-dtype speed table per kind")
+    p.add_argument("--pin", type=int, default=harness.default_pin(),
+                   help="run every sample on this CPU (default: the last one; -1: not pinned). On a VM one core "
+                        "can run 1.5x slower than the other for minutes: pinned, a sample's neighbours in time "
+                        "ran where it did")
     p.add_argument("--quick", action="store_true", help="2 rounds, the native kind and the unet program only")
     p.add_argument("--figures", action="store_true", help="write docs/figures/lowp.json (else benchmarks/results/)")
     p.add_argument("--name", default="lowp")
@@ -148,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
 
     host = cpu_features()
     kinds = [k for k in args.kinds.split(",") if all(f in host.flags for f in KINDS[k][1])]
-    result = {"name": args.name, "conditions_start": harness.conditions(args.threads), "kinds": {}, "tables": {}}
+    result = {"name": args.name, "conditions_start": harness.conditions(args.threads), "kinds": {}, "tables": {},
+              "pinned_cpu": args.pin if args.pin >= 0 else None, "rounds": args.rounds, "steps": args.steps}
     t0 = time.time()
     with tempfile.TemporaryDirectory() as folder:
         if {p.partition("@")[0].partition(":")[0] for p in args.programs.split(",")} - {"unet"}:
@@ -158,14 +164,14 @@ def main(argv: list[str] | None = None) -> int:
             env = KINDS[kind][0]
             entry = result["kinds"][kind] = {"emulated_by": env or None, "programs": {}}
             if args.table:
-                result["tables"][kind] = speed_table(kind, args.threads)
+                result["tables"][kind] = speed_table(kind, args.threads, args.pin)
                 print(f"{kind} per-dtype ms: {json.dumps(result['tables'][kind])}")
             for program in args.programs.split(","):
                 entry["programs"][program] = m = measure(program, kind, args, folder)
                 print(f"{program:16s} {kind:12s} " + "  ".join(
                     f"{n} {m['median_ms'][n]:7.0f} ms ({m['vs_plain'][n]:.2f}x, paired {m['paired_vs_plain'][n]:.2f}x,"
                     f" cpu {m['cpu']['paired_vs_plain'][n]:.2f}x)" for n in m["median_ms"]), flush=True)
-    result["conditions_end"] = harness.conditions(args.threads)
+    result["conditions_end"] = harness.conditions(args.threads, own=args.threads)  # one sample runs at a time
     result["loaded"] = result["conditions_start"]["loaded"] or result["conditions_end"]["loaded"]
     result["seconds"] = round(time.time() - t0, 1)
     out_dir = harness.RESULTS_DIR if args.figures else ROOT / "benchmarks" / "results"
@@ -180,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         old["loaded"] = old["loaded"] or result["loaded"]
         result = old
     path.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {path}{' (LOADED: load average above 0.5 per core)' if result['loaded'] else ''}")
+    print(f"wrote {path}{' (LOADED: load from other work above 0.5 per core)' if result['loaded'] else ''}")
     return 0
 
 

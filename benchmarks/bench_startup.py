@@ -33,6 +33,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import harness  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 FIGURES = ROOT / "docs" / "figures"
 GOALS = {"real": 0.2, "sim": 0.5}  # seconds over plain
@@ -53,8 +57,9 @@ print("MAGIC", time.perf_counter() - t)
 """
 
 
-def machine() -> dict[str, Any]:
-    """CPU flags that matter to torch, threads, load average (loaded when > 0.5 per core)."""
+def machine(own: float = 0.0) -> dict[str, Any]:
+    """CPU flags that matter to torch, threads, load average (loaded when other work's load is above
+    0.5 per core; ``own``: this benchmark's one busy child, read at the end: harness.is_loaded)."""
     flags: list[str] = []
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -66,7 +71,7 @@ def machine() -> dict[str, Any]:
     load = list(os.getloadavg())
     cores = os.cpu_count() or 1
     return {"cpu_flags": flags, "cores": cores, "threads": 1, "load_average": [round(x, 2) for x in load],
-            "loaded": load[0] / cores > 0.5, "python": sys.version.split()[0]}
+            "own_load": own, "loaded": harness.is_loaded(load, cores, own), "python": sys.version.split()[0]}
 
 
 def _env(cache: str, pyc: str) -> dict[str, str]:
@@ -155,7 +160,7 @@ def run(rounds: int, configs: list[str], magic: bool) -> dict[str, Any]:
         rows[name] = {"median_s": round(med, 3), "min_s": round(min(ts), 3), "max_s": round(max(ts), 3),
                       "goal_s": MAGIC_GOAL if name == "magic" else None,
                       "passed": med <= MAGIC_GOAL if name == "magic" else None, "samples": [round(t, 3) for t in ts]}
-    end = machine()
+    end = machine(own=1.0)
     return {"name": "startup", "rounds": rounds, "machine_start": start, "machine_end": end,
             "loaded": start["loaded"] or end["loaded"], "results": rows}
 
@@ -186,11 +191,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default="plain,real,sim,real_cold,sim_cold")
     parser.add_argument("--no-magic", action="store_true", help="skip the IPython magic timing")
     parser.add_argument("--figures", action="store_true", help="also write docs/figures/startup.{json,md}")
+    parser.add_argument("--pin", type=int, default=harness.default_pin(),
+                        help="run every sample on this CPU (default: the last one; -1: not pinned)")
     args = parser.parse_args(argv)
+    if args.pin >= 0:
+        os.sched_setaffinity(0, {args.pin})  # the children inherit it
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     if configs[0] != "plain":
         configs.insert(0, "plain")
     data = run(args.rounds, configs, not args.no_magic)
+    data["pinned_cpu"] = args.pin if args.pin >= 0 else None
     text = markdown(data)
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)

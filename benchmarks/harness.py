@@ -256,7 +256,7 @@ def run(workload: Any, configs: Sequence[Configuration], *, repeats: int = 5, st
     finally:
         torch.set_num_threads(prev_threads)
     meta["loadavg_end"] = _loadavg()
-    meta["loaded"] = meta.get("loaded") or conditions()["loaded"]
+    meta["loaded"] = meta.get("loaded") or conditions(own=min(torch.get_num_threads(), os.cpu_count() or 1))["loaded"]
     out = BenchResult(name or workload.name, workload.name, repeats, steps, warmup, settle, order,
                       order_run, [results[n] for n in names], meta)
     _summarize(out)
@@ -284,9 +284,38 @@ def _loadavg() -> list[float] | None:
         return None
 
 
-def conditions(threads: int | None = None) -> dict[str, Any]:
+def default_pin() -> int:
+    """The CPU fresh-interpreter benchmarks pin their samples to: the last one (-1 where affinity is
+    not available or there is one CPU)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return -1
+    return cpus[-1] if len(cpus) > 1 else -1
+
+
+def pinned(cpu: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that pins the child to ``cpu`` (None: not pinned, ``cpu`` < 0)."""
+    if cpu < 0:
+        return None
+
+    def pin() -> None:
+        os.sched_setaffinity(0, {cpu})
+
+    return pin
+
+
+def is_loaded(load: list[float] | None, cores: int, own: float = 0.0) -> bool:
+    """Load above 0.5 per core from work other than the benchmark's own: ``own`` is what the benchmark
+    itself adds to the 1-minute average (its busy threads, when read at the end of a run; a
+    single-threaded benchmark alone on an idle 2-core machine reads 1.0 = 0.5 per core by itself)."""
+    return bool(load and load[0] - own > 0.5 * cores)
+
+
+def conditions(threads: int | None = None, *, own: float = 0.0) -> dict[str, Any]:
     """What every figure records about the machine: the CPU's features (flags, kind), the thread
-    count, the load average, and ``loaded`` (load above 0.5 per core: a figure to read with care)."""
+    count, the load average, and ``loaded`` (load from other work above 0.5 per core, :func:`is_loaded`:
+    a figure to read with care). ``own``: the benchmark's own busy threads (read at the end of a run)."""
     import torch
 
     try:
@@ -298,7 +327,7 @@ def conditions(threads: int | None = None) -> dict[str, Any]:
     load = _loadavg()
     cores = os.cpu_count() or 1
     return {"cpu": cpu, "cpu_count": cores, "torch_threads": threads or torch.get_num_threads(), "loadavg": load,
-            "loaded": bool(load and load[0] > 0.5 * cores)}
+            "own_load": own, "loaded": is_loaded(load, cores, own)}
 
 
 def _meta() -> dict[str, Any]:

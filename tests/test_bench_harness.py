@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -130,3 +131,26 @@ def test_run_rejects_bad_arguments():
         harness.run(workloads.mlp, [harness.plain("cpu"), harness.plain("cpu")], repeats=1)
     with pytest.raises(UsageError, match="one of"):
         workloads.get("resnet9000")
+
+
+def test_loaded_counts_other_works_load_not_the_benchmarks_own():
+    # a single-threaded benchmark alone on an idle 2-core machine reads a 1-minute load of ~1.0
+    assert not harness.is_loaded([1.0, 0.8, 0.6], 2, own=1.0)
+    assert harness.is_loaded([2.2, 1.0, 0.8], 2, own=1.0)  # another busy process besides it
+    assert harness.is_loaded([1.2, 0.5, 0.5], 2)  # read before the benchmark started: all of it is others'
+    assert not harness.is_loaded(None, 2)
+    cond = harness.conditions(1, own=1.0)
+    assert cond["own_load"] == 1.0 and cond["loaded"] == harness.is_loaded(cond["loadavg"], cond["cpu_count"], 1.0)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+def test_a_pinned_child_runs_on_the_cpu_it_was_given():
+    import subprocess
+
+    cpus = sorted(os.sched_getaffinity(0))
+    assert harness.default_pin() == (cpus[-1] if len(cpus) > 1 else -1)
+    assert harness.pinned(-1) is None
+    code = "import os; print(sorted(os.sched_getaffinity(0)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         preexec_fn=harness.pinned(cpus[0])).stdout
+    assert out.strip() == str([cpus[0]])

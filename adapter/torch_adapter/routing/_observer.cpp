@@ -349,6 +349,32 @@ void release() {
   }
 }
 
+// The cost floor of any RecordFunction-based observer, for benchmarks/bench_decode.py: a callback
+// that does nothing, registered as ours is (FUNCTION scope, no inputs, outputs or ids). What it
+// costs per dispatcher call is RecordFunction's own machinery, which no counting callback avoids.
+std::unique_ptr<at::ObserverContext> null_start(const at::RecordFunction&) { return nullptr; }
+void null_end(const at::RecordFunction&, at::ObserverContext*) {}
+at::CallbackHandle g_null_handle = 0;
+
+void null_acquire() {
+  std::lock_guard<std::mutex> guard(g_mu);
+  if (g_null_handle == 0) {
+    g_null_handle = at::addGlobalCallback(at::RecordFunctionCallback(null_start, null_end)
+                                              .scopes({at::RecordScope::FUNCTION})
+                                              .needsInputs(false)
+                                              .needsOutputs(false)
+                                              .needsIds(false));
+  }
+}
+
+void null_release() {
+  std::lock_guard<std::mutex> guard(g_mu);
+  if (g_null_handle != 0) {
+    at::removeCallback(g_null_handle);
+    g_null_handle = 0;
+  }
+}
+
 void enter_internal() { ++t_internal; }
 void exit_internal() {
   if (t_internal > 0) --t_internal;
@@ -422,6 +448,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("acquire", &acquire, "register the global callback (reference counted)");
   m.def("release", &release, "drop one reference; the last one removes the callback");
   m.def("registered", &registered, "whether our callback is registered now");
+  m.def("null_acquire", &null_acquire, "register a callback that does nothing (the cost floor; benchmarks only)");
+  m.def("null_release", &null_release, "remove it");
   m.def("has_global_callbacks", &at::hasGlobalCallbacks, "whether any global RecordFunction callback exists");
   m.def("enter_internal", &enter_internal, "this thread runs torch_adapter's own work: ops uncounted (nests)");
   m.def("exit_internal", &exit_internal, "end one enter_internal() on this thread");
