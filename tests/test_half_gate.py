@@ -173,3 +173,33 @@ def test_a_stale_marker_is_replaced_and_an_unwritable_folder_only_reported(tmp_p
     assert said.startswith("cannot write"), said
     monkeypatch.setenv(half_gate.ENV, "python")
     assert half_gate.ensure_built() == "off" and half_gate.load() is None
+
+
+def _special_halves() -> torch.Tensor:
+    """Every float16 bit pattern but NaNs: zeros, subnormals, the largest values, infinities."""
+    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    h = bits.view(torch.float16)
+    return h[~h.isnan()]
+
+
+def test_the_one_pass_casts_round_as_torchs_two_passes(gate):
+    if not gate.fused_casts():
+        assert gate.convert(torch.zeros(4, dtype=torch.half)) is None
+        pytest.skip("this CPU has no AVX512-BF16 + F16C: the two vectorised passes serve")
+    h = _special_halves()
+    b = gate.convert(h)
+    assert b.dtype is torch.bfloat16
+    assert torch.equal(b.view(torch.int16), h.float().bfloat16().view(torch.int16))
+    # bfloat16 -> float16: every bfloat16 pattern but NaNs (overflow to inf, underflow to subnormals and zero)
+    bb = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    bb = bb[~bb.isnan()]
+    assert torch.equal(gate.convert(bb).view(torch.int16), bb.float().half().view(torch.int16))
+    assert gate.convert(torch.tensor([float("nan")], dtype=torch.half)).isnan().all()
+    # strides kept (channels_last), any length (a tail under 16 lanes), and what it refuses
+    x = torch.randn(2, 3, 5, 7).half().contiguous(memory_format=torch.channels_last)
+    y = gate.convert(x)
+    assert y.stride() == x.stride() and torch.equal(y, x.float().bfloat16())
+    assert gate.convert(x[..., ::2]) is None  # not dense: the caller's two passes
+    assert gate.convert(torch.randn(3)) is None  # float32: not ours
+    big = torch.randn(1 << 17).half()  # split over threads
+    assert torch.equal(gate.convert(big), big.float().bfloat16())

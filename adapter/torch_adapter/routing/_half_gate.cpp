@@ -9,11 +9,16 @@
 // is not true, it calls the Python kernel (boxed: torch converts the stack); otherwise the CPU's
 // own kernel. uninstall() removes the gates, so the Python kernels are current again.
 
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
-#include <pybind11/pybind11.h>
+#include <c10/util/Half.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>  // at::Tensor <-> torch.Tensor
 #include <torch/library.h>
 
 #include <memory>
@@ -23,6 +28,11 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define TA_X86_CASTS 1
+#endif
 
 namespace py = pybind11;
 
@@ -135,6 +145,81 @@ bool installed() {
   return static_cast<bool>(g_lib);
 }
 
+// ---- float16 <-> bfloat16 in one pass -------------------------------------------------------
+// torch converts float16 to bfloat16 element by element (3x slower than going through float32 in two
+// vectorised passes, which is what low_precision.py does without this). Here: one pass, 16 lanes at a
+// time with F16C + AVX512-BF16 where the CPU has them (chosen at run time; compiled with target
+// attributes, so the extension itself needs no -march), the same rounding as torch's two passes
+// (float16 -> float32 is exact; float32 -> bfloat16 and float32 -> float16 round to nearest even).
+
+#ifdef TA_X86_CASTS
+__attribute__((target("avx512f,avx512bf16,avx512vl,f16c"))) void half_to_bf16_x86(const uint16_t* in, uint16_t* out,
+                                                                                  int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
+    __m256bh b = _mm512_cvtneps_pbh(f);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), reinterpret_cast<__m256i&>(b));
+  }
+  for (; i < n; ++i) {
+    out[i] = c10::BFloat16(static_cast<float>(c10::Half(in[i], c10::Half::from_bits()))).x;
+  }
+}
+
+__attribute__((target("avx512f,avx512vl,f16c"))) void bf16_to_half_x86(const uint16_t* in, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i))), 16);
+    __m256i h = _mm512_cvtps_ph(_mm512_castsi512_ps(w), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), h);
+  }
+  for (; i < n; ++i) {
+    out[i] = c10::Half(static_cast<float>(c10::BFloat16(in[i], c10::BFloat16::from_bits()))).x;
+  }
+}
+#endif
+
+bool fused_casts() {
+#ifdef TA_X86_CASTS
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                         __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("f16c");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+// `src` (float16 or bfloat16, dense and non-overlapping: its elements fill one span of memory) in the
+// other dtype with the same sizes and strides; None when this CPU or this tensor is not for us.
+py::object convert(const at::Tensor& src) {
+  if (!fused_casts() || !src.defined() || src.device().type() != c10::DeviceType::CPU ||
+      !src.is_non_overlapping_and_dense() || src.is_conj() || src.is_neg()) {
+    return py::none();
+  }
+  const auto from = src.scalar_type();
+  if (from != at::kHalf && from != at::kBFloat16) {
+    return py::none();
+  }
+  at::Tensor out;
+  {
+    py::gil_scoped_release nogil;
+    out = at::empty_strided(src.sizes(), src.strides(), src.options().dtype(from == at::kHalf ? at::kBFloat16 : at::kHalf));
+    // a dense tensor's elements sit in numel() consecutive slots from its first element (strides >= 0)
+    const auto* in = reinterpret_cast<const uint16_t*>(src.const_data_ptr());
+    auto* dst = reinterpret_cast<uint16_t*>(out.mutable_data_ptr());
+    at::parallel_for(0, src.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
+#ifdef TA_X86_CASTS
+      if (from == at::kHalf) {
+        half_to_bf16_x86(in + begin, dst + begin, end - begin);
+      } else {
+        bf16_to_half_x86(in + begin, dst + begin, end - begin);
+      }
+#endif
+    });
+  }
+  return py::cast(out);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -142,4 +227,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install, "keep the Python kernels now at KEY and register the gates on top");
   m.def("uninstall", &uninstall, "remove the gates");
   m.def("installed", &installed);
+  m.def("fused_casts", &fused_casts, "does this CPU take the one-pass float16 <-> bfloat16 casts?");
+  m.def("convert", &convert, "float16 <-> bfloat16 in one pass (same sizes and strides), or None");
 }

@@ -113,7 +113,8 @@ def ensure_built() -> str:
     log = open(marker.with_suffix(".log"), "w")  # noqa: SIM115 - the child owns it
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MAX_JOBS": "1"}
     try:
-        _SPAWNED = subprocess.Popen([sys.executable, "-m", __name__, "--build", "--marker", str(marker)],
+        code = f"import sys; from {__name__} import _main; sys.exit(_main(sys.argv[1:]))"  # (-m warns: imported by its package)
+        _SPAWNED = subprocess.Popen([sys.executable, "-c", code, "--build", "--marker", str(marker)],
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True, close_fds=True)
     except OSError as exc:

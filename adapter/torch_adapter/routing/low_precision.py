@@ -66,6 +66,7 @@ OPS.update(FP32_OPS)
 # _softmax(half_to_float=True) asks for a float32 output, which the CPU refuses: the CPU's kernel answers
 _UNCHANGED_IF_TRUE = {"aten::_softmax": 2}
 _HALF = torch.float16
+_PARAMETER = torch.nn.Parameter
 # Below this many multiply-adds a bfloat16 product is slower than a float32 one (oneDNN's set-up
 # dominates; measured here, 1 thread: a 16x64x128 mm 34 us bf16 vs 7 us fp32, 2048x64x64 106 vs
 # 215 us; a 3x3 conv 8->16 channels at 8x8 126 vs 17 us, 32->32 at 16x16 133 vs 123 us, 64->64 at
@@ -168,6 +169,8 @@ class _Rewrite:
             if gate is not None:
                 gate.install("CPU")
                 self.gate = gate
+            global _convert
+            _convert = gate.convert if gate is not None and gate.fused_casts() else None
         except BaseException:
             lib._destroy()
             raise
@@ -200,7 +203,9 @@ class _Rewrite:
 
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
             dtype = self.dtype
-            if dtype is None or not _all_half(args, kwargs, keep) or (flag is not None and args[flag]):
+            # behind the C++ gate only all-float16 calls come here: its test is not repeated
+            if dtype is None or (self.gate is None and (not _all_half(args, kwargs, keep)
+                                                       or (flag is not None and args[flag]))):
                 return original.call_boxed(keyset, *args, **kwargs)
             if fp32 or (dtype is torch.bfloat16 and size is not None and size(args) < small):
                 dtype = torch.float32  # a tiny product: bf16 kernels' set-up costs more than float32's work
@@ -222,7 +227,8 @@ class _Rewrite:
         if not (isinstance(a, torch.Tensor) and a.dtype is _HALF):
             return a
         base = a._base if a._base is not None else a
-        if not isinstance(base, torch.nn.Parameter):
+        kind = type(base)  # exact types first: isinstance(x, Parameter) runs Parameter's Python metaclass
+        if kind is not _PARAMETER and (kind is torch.Tensor or not isinstance(base, _PARAMETER)):
             cached = self.outputs.get(a, base, dtype)  # our own recent output: its compute-dtype original
             return _down(a, dtype) if cached is None else cached
         entry = self.params.get(id(base))
@@ -244,10 +250,7 @@ class _Rewrite:
 
     def _note(self, name: str) -> None:
         """The call in the routing logs now open (as the engine's calls are) and, first time, the redirect log."""
-        from .engine import state
-        from .internal import active as internal_active
-        from .trace import active_logs
-
+        state, internal_active, active_logs = _note_hooks()
         d = self.decisions[name]
         if name not in self.logged:
             self.logged.add(name)
@@ -259,6 +262,21 @@ class _Rewrite:
             return
         for log in active_logs():  # the observer counts it as native; trace() moves it over
             log.add_decision(d, calls=1, parent=state.parent, find_site=True)
+
+
+_HOOKS: tuple[Any, Any, Any] | None = None
+
+
+def _note_hooks() -> tuple[Any, Any, Any]:
+    """(the engine's per-thread state, internal.active, trace.active_logs), imported once (not per call)."""
+    global _HOOKS
+    if _HOOKS is None:
+        from .engine import state
+        from .internal import active
+        from .trace import active_logs
+
+        _HOOKS = (state, active, active_logs)
+    return _HOOKS
 
 
 def _all_half(args: tuple, kwargs: dict, keep: int | None) -> bool:
@@ -275,17 +293,34 @@ def _all_half(args: tuple, kwargs: dict, keep: int | None) -> bool:
                for v in kwargs.values())
 
 
+# The gate extension's one-pass float16 <-> bfloat16 cast where this CPU takes it (F16C + AVX512-BF16),
+# set by _Rewrite._register; None: two vectorised casts through float32.
+_convert: Any = None
+
+
 def _down(a: Any, dtype: torch.dtype) -> Any:
     if not (isinstance(a, torch.Tensor) and a.dtype is _HALF):
         return a
+    if dtype is torch.float32:
+        return a.float()
+    if _convert is not None:
+        out = _convert(a)
+        if out is not None:
+            return out
     # float16 -> bfloat16 goes through float32: two vectorised casts are 3x faster than torch's direct one
-    return a.float() if dtype is torch.float32 else a.float().to(dtype)
+    return a.float().to(dtype)
 
 
 def _up(a: Any, dtype: torch.dtype) -> Any:
     if not (isinstance(a, torch.Tensor) and a.dtype is dtype):
         return a
-    return a.half() if dtype is torch.float32 else a.float().half()
+    if dtype is torch.float32:
+        return a.half()
+    if _convert is not None:
+        out = _convert(a)
+        if out is not None:
+            return out
+    return a.float().half()
 
 
 def apply(session: Any) -> None:
