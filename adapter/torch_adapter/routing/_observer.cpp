@@ -329,15 +329,19 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   }
 }
 
+// A global callback on every dispatcher op call (FUNCTION scope), asking for no inputs, outputs or ids.
+at::CallbackHandle add_op_callback(at::RecordFunctionCallback::StartCallback start,
+                                   at::RecordFunctionCallback::EndCallback end) {
+  return at::addGlobalCallback(at::RecordFunctionCallback(start, end)
+                                   .scopes({at::RecordScope::FUNCTION})
+                                   .needsInputs(false)
+                                   .needsOutputs(false)
+                                   .needsIds(false));
+}
+
 void acquire() {
   std::lock_guard<std::mutex> guard(g_mu);
-  if (g_refs++ == 0) {
-    g_handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
-                                          .scopes({at::RecordScope::FUNCTION})
-                                          .needsInputs(false)
-                                          .needsOutputs(false)
-                                          .needsIds(false));
-  }
+  if (g_refs++ == 0) g_handle = add_op_callback(on_start, on_end);
 }
 
 void release() {
@@ -358,13 +362,7 @@ at::CallbackHandle g_null_handle = 0;
 
 void null_acquire() {
   std::lock_guard<std::mutex> guard(g_mu);
-  if (g_null_handle == 0) {
-    g_null_handle = at::addGlobalCallback(at::RecordFunctionCallback(null_start, null_end)
-                                              .scopes({at::RecordScope::FUNCTION})
-                                              .needsInputs(false)
-                                              .needsOutputs(false)
-                                              .needsIds(false));
-  }
+  if (g_null_handle == 0) g_null_handle = add_op_callback(null_start, null_end);
 }
 
 void null_release() {
