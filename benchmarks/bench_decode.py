@@ -100,6 +100,52 @@ def _record_function_floor() -> Callable[[], Any]:
     return context
 
 
+def per_call_costs(rounds: int = 6, calls: int = 20000) -> dict[str, float] | None:
+    """ns per dispatcher call over plain, of RecordFunction with a callback that does nothing
+    (``rf_floor``) and of the op observer (``observer``), on a loop of tiny ``torch.add`` calls,
+    interleaved in one process (medians over ``rounds``): the figure a noisy machine's step times
+    cannot give. None without the C++ observer."""
+    import statistics
+    import time
+
+    import torch
+
+    from torch_adapter.routing import observe
+
+    ext = observe._load()
+    if ext is None:
+        return None
+    a, b = torch.randn(4), torch.randn(4)
+
+    def loop() -> float:
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                torch.add(a, b)
+            best = min(best, time.perf_counter() - t0)
+        return best / calls * 1e9
+
+    loop()
+    got: dict[str, list[float]] = {"plain": [], "rf_floor": [], "observer": []}
+    for _ in range(rounds):
+        got["plain"].append(loop())
+        ext.null_acquire()
+        try:
+            got["rf_floor"].append(loop())
+        finally:
+            ext.null_release()
+        obs = observe.OpObserver()
+        obs.start()
+        try:
+            got["observer"].append(loop())
+        finally:
+            obs.stop()
+    plain = statistics.median(got["plain"])
+    return {"plain_ns": round(plain, 1), **{f"{k}_ns_per_call": round(statistics.median(v) - plain, 1)
+                                            for k, v in got.items() if k != "plain"}}
+
+
 def ops_per_step() -> int:
     """aten calls in one plain step (below autograd, as a TorchDispatchMode sees them)."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -148,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(__file__).parent / "results"
     args.json = args.json or str(out_dir / "decode")  # docs/figures/ only when asked (--json NAME)
     ops, calls = ops_per_step(), dispatcher_calls_per_step()
+    costs = per_call_costs()
     results = harness.run_from_args(args, [decode], configs, default_name="decode",
                                     quick={"repeats": 5, "steps": 3, "warmup": 2, "min_block": 0.5})
     for result in results:
@@ -160,6 +207,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"   best {cfg.best_kept:.2%}   cpu {cfg.cpu_kept:.2%}")
         result.meta["ops_per_step"] = ops
         result.meta["dispatcher_calls_per_step"] = calls
+        if costs is not None and calls:
+            result.meta["per_call"] = costs
+            print(f"per dispatcher call (tiny torch.add loop, interleaved): RecordFunction with an empty callback "
+                  f"+{costs['rf_floor_ns_per_call']:.0f} ns, the observer +{costs['observer_ns_per_call']:.0f} ns; "
+                  f"x {calls} calls per step = {costs['rf_floor_ns_per_call'] * calls / 1e6:.2f} ms and "
+                  f"{costs['observer_ns_per_call'] * calls / 1e6:.2f} ms of a {plain * 1e3:.1f} ms plain step "
+                  f"(observe can keep at most {plain / (plain + costs['observer_ns_per_call'] * calls / 1e9):.1%}; "
+                  f"any RecordFunction counter at most {plain / (plain + costs['rf_floor_ns_per_call'] * calls / 1e9):.1%})")
         result.meta["ns_per_op"] = {c.name: round((c.median_s - plain) / ops * 1e9, 1) for c in result.configs[1:]}
         target = Path(args.json)
         print(f"wrote {harness.write_json(result, target.parent if target.parent != Path('.') else None)}")
