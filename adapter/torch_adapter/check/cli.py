@@ -33,8 +33,7 @@ _HELP = "report what in a project is CUDA-specific and how it runs on a target (
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    from .discover import DEFAULT_MAX_SIZE
-    from .engine import TARGET_NAMES
+    from .limits import DEFAULT_MAX_SIZE, TARGET_NAMES
 
     p.add_argument("path", nargs="?", metavar="PATH", help="the folder or file to check (or --path)")
     p.add_argument("--path", dest="path_opt", metavar="PATH", help="the folder or file to check")

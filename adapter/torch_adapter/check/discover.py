@@ -18,13 +18,13 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
+from .limits import DEFAULT_MAX_SIZE
 from .model import Note
 from .textscan import language_of
 
 __all__ = ["Source", "discover", "read_text", "DEFAULT_EXCLUDES", "DEFAULT_MAX_SIZE"]
 
 DEFAULT_EXCLUDES = ("__pycache__", "node_modules", "site-packages", "dist-packages", ".*")
-DEFAULT_MAX_SIZE = 4 * 1024 * 1024  # bytes; larger files are noted and skipped
 _BINARY_PROBE = 8192
 
 

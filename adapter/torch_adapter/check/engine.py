@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .discover import DEFAULT_EXCLUDES, DEFAULT_MAX_SIZE, Source, discover, read_text
+from .limits import TARGET_NAMES
 from .model import FileResult, Finding, Note, Report
 from .notebook import read_cells, split_cell
 from .matchutil import Hit, candidate_lines, present, top_level_chunks
@@ -40,7 +41,6 @@ _BATCH = 24
 _EXCERPT_LINES = 6
 _EXCERPT_WIDTH = 240
 _CHUNK_MIN_LINES = 150  # shorter files are parsed whole
-TARGET_NAMES = ("any", "cpu", "cuda", "npu", "xpu", "mps", "mtia")
 
 
 def target_facts(target: str) -> dict[str, str]:
