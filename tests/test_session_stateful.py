@@ -68,7 +68,7 @@ class SessionStack(RuleBasedStateMachine):
         super().__init__()
         torch_adapter.uninstall()
         self.original = _snapshot()
-        self.blocks: list[tuple[contextlib.ExitStack, Expect | None]] = []  # (block, what was active before)
+        self.blocks: list[tuple[contextlib.ExitStack, Expect | None, bool]] = []  # (block, what was active before, shared it)
         self.expect: Expect | None = None
         self.sessions: dict[int, object] = {}
         self._suspended_expect: dict[int, Expect] = {}  # what a switched-away session holds
@@ -100,7 +100,9 @@ class SessionStack(RuleBasedStateMachine):
         same = self.expect is not None and (self.expect.target, self.expect.fallback) == (name, fallback)
         block = contextlib.ExitStack()
         block.enter_context(torch_adapter.adapted(**self._settings(new)))
-        self.blocks.append((block, self.expect))
+        # the same settings: the block shares the active session (docs: adapted()), so what the block
+        # registers or configures stays on it after the block
+        self.blocks.append((block, self.expect, same))
         self.expect = self.expect if same else new
         self._bind()
 
@@ -108,15 +110,15 @@ class SessionStack(RuleBasedStateMachine):
     def enter_suspended(self):
         block = contextlib.ExitStack()
         block.enter_context(suspended())
-        self.blocks.append((block, self.expect))
+        self.blocks.append((block, self.expect, False))
         self.expect = None
 
     @precondition(lambda self: bool(self.blocks))
     @rule()
     def leave_block(self):
-        block, before = self.blocks.pop()
+        block, before, shared = self.blocks.pop()
         block.close()
-        self.expect = before
+        self.expect = self.expect if shared else before
 
     @precondition(lambda self: not self.blocks and self.expect is not None)
     @rule(name=st.sampled_from(sorted(TARGETS)))
