@@ -61,11 +61,11 @@ ARTIFACTS = ROOT / "test-artifacts"
 TIMES = ARTIFACTS / "lab-run-all.json"
 SITE = r"cell \[\d+\], line \d+"
 
-pytestmark = [
-    pytest.mark.timeout(240),
-    pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                       reason="Debian's Chromium is not installed (apt-get install -y chromium; .ci/run does it)"),
-]
+# every browser test's skip: the Lab tests import it from here
+NEEDS_CHROMIUM = pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                    reason="Debian's Chromium is not installed (apt-get install -y chromium; .ci/run does it)")
+
+pytestmark = [pytest.mark.timeout(240), NEEDS_CHROMIUM]
 
 
 def _free_port() -> int:

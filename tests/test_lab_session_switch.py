@@ -12,13 +12,12 @@ import json
 import nbformat
 import pytest
 
-from test_lab_e2e import CHROMIUM, browser_page, lab_with_notebook, run_all, shot
+from test_lab_e2e import NEEDS_CHROMIUM, browser_page, lab_with_notebook, run_all, shot
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(900),
-    pytest.mark.skipif(not __import__("pathlib").Path(CHROMIUM).exists(),
-                       reason="Debian's Chromium is not installed (apt-get install -y chromium; .ci/run does it)"),
+    NEEDS_CHROMIUM,
 ]
 
 NOTEBOOK = "switch_then_import.ipynb"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_lab_e2e import CHROMIUM, PANEL, browser_page, goto_lab, lab_with_notebook
+from test_lab_e2e import NEEDS_CHROMIUM, PANEL, browser_page, goto_lab, lab_with_notebook
 
 NOTEBOOK = "state.ipynb"
 CELLS = [
@@ -30,8 +30,7 @@ CELLS = [
 
 pytestmark = [
     pytest.mark.timeout(300),
-    pytest.mark.skipif(not __import__("pathlib").Path(CHROMIUM).exists(),
-                       reason="Debian's Chromium is not installed (apt-get install -y chromium; .ci/run does it)"),
+    NEEDS_CHROMIUM,
 ]
 
 

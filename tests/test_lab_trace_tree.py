@@ -8,12 +8,11 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from test_lab_e2e import CHROMIUM, browser_page, lab_with_notebook, run_all
+from test_lab_e2e import NEEDS_CHROMIUM, browser_page, lab_with_notebook, run_all
 
 pytestmark = [
     pytest.mark.timeout(600),
-    pytest.mark.skipif(not __import__("pathlib").Path(CHROMIUM).exists(),
-                       reason="Debian's Chromium is not installed (apt-get install -y chromium; .ci/run does it)"),
+    NEEDS_CHROMIUM,
 ]
 
 NOTEBOOK = "trace_tree.ipynb"

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import ROOT
 from test_notebooks import check_port_fallback_prose, check_port_warnings
-from test_lab_e2e import CHROMIUM, MIME, browser_page, note_time, run_all, shot, start_lab, stop_lab
+from test_lab_e2e import NEEDS_CHROMIUM, MIME, browser_page, note_time, run_all, shot, start_lab, stop_lab
 
 # 03 and 04 show errors on purpose (cells tagged raises-exception); JupyterLab's Run All stops
 # at the first error whatever the tags, so only nbclient (tests/test_notebooks.py) runs them through.
@@ -29,8 +29,7 @@ NAMES = [FILES[0], pytest.param(FILES[1], marks=pytest.mark.full_sweep)]
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(1500),
-    pytest.mark.skipif(not __import__("pathlib").Path(CHROMIUM).exists(),
-                       reason="Debian's Chromium is not installed (apt-get install -y chromium; .ci/run does it)"),
+    NEEDS_CHROMIUM,
 ]
 
 CELLS = """() => window.jupyterapp.shell.currentWidget.content.widgets.map(cell => {
