@@ -342,3 +342,26 @@ def test_a_chain_of_rewritten_ops_casts_once_and_gives_the_recast_answer(inplace
     # bfloat16 values are float16 values (in float16's range): the kept copy is the recast one, bit for bit
     torch.testing.assert_close(kept, recast, rtol=0, atol=0)
     assert not cache.entries  # uninstalled: nothing kept
+
+
+@pytest.mark.parametrize("kind", ["avx2", "avx512_bf16"])
+def test_inference_mode_tensors_are_rewritten_without_a_version_counter(kind):
+    # timm's validation: autocast("cuda", float16) under torch.inference_mode(); inference tensors have
+    # no _version, so neither cache may keep them (the run once raised "Inference tensors do not track
+    # version counter")
+    torch.manual_seed(0)
+    conv, w = torch.nn.Conv2d(3, 8, 3), torch.randn(8, 8, 3, 3)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        ref = F.conv2d(conv(x).half().float(), w.half().float())
+    with forced(kind), torch_adapter.adapted("cpu"):
+        c, wc = conv.cuda(), w.cuda()
+        with torch.inference_mode():
+            w16 = wc.half()  # an inference tensor as a weight too
+            with torch.autocast("cuda", dtype=torch.float16):
+                y = c(x.cuda())
+            out = F.conv2d(y, w16)
+            again = F.conv2d(y, w16)
+    assert out.dtype is torch.float16 and out.is_inference()
+    torch.testing.assert_close(out.float(), ref, **AMP_TOL)
+    assert torch.equal(out, again)

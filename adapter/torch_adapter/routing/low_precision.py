@@ -228,6 +228,8 @@ class _Rewrite:
             return a
         base = a._base if a._base is not None else a
         kind = type(base)  # exact types first: isinstance(x, Parameter) runs Parameter's Python metaclass
+        if base.is_inference():  # no version counter (made under inference_mode): cast, keep nothing
+            return _down(a, dtype)
         if kind is not _PARAMETER and (kind is torch.Tensor or not isinstance(base, _PARAMETER)):
             cached = self.outputs.get(a, base, dtype)  # our own recent output: its compute-dtype original
             return _down(a, dtype) if cached is None else cached

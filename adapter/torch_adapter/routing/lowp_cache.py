@@ -45,7 +45,8 @@ class OutputCache:
         self.hits = 0
 
     def put(self, y16: torch.Tensor, c: torch.Tensor) -> None:
-        if c.stride() != y16.stride() or c.storage_offset() or y16.storage_offset() or y16._base is not None:
+        if c.stride() != y16.stride() or c.storage_offset() or y16.storage_offset() or y16._base is not None \
+                or y16.is_inference():  # an inference tensor has no version counter: a change could not be seen
             return
         key = id(y16)
         ref = weakref.ref(y16, lambda _r, k=key, e=self.entries: e.pop(k, None))
@@ -59,7 +60,7 @@ class OutputCache:
         """``a`` (float16; ``base`` is ``a`` or its ``_base``) in ``dtype``, from the compute-dtype
         tensor ``base`` was made from; None when there is none or it is stale."""
         entry = self.entries.get(id(base))
-        if entry is None or entry[0]() is not base or entry[1] != base._version:
+        if entry is None or entry[0]() is not base or base.is_inference() or entry[1] != base._version:
             return None
         c = entry[2]
         if a is not base:
