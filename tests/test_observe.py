@@ -124,6 +124,88 @@ def test_start_stop_leaves_no_callback():
     assert OpObserver("cpp").start().stop().calls == {}
 
 
+_TIMED_OP = """
+import json, sys, time
+import torch
+from torch_adapter.routing import observe
+from torch_adapter.routing.observe import OpObserver
+
+lib = torch.library.Library("ta_obs_clock", "DEF")
+lib.define("nap(Tensor x) -> Tensor")
+lib.impl("nap", lambda x: (time.sleep(0.03), x.clone())[1], "CompositeExplicitAutograd")
+x = torch.ones(2)
+obs = OpObserver("cpp").start()
+t0 = time.perf_counter_ns()
+torch.ops.ta_obs_clock.nap(x)
+wall = time.perf_counter_ns() - t0
+result = obs.stop()
+print(json.dumps({"clock": observe._load().clock(), "self": result.self_time_ns["ta_obs_clock::nap"],
+                  "clone": result.calls.get("aten::clone", 0), "wall": wall}))
+"""
+
+
+@needs_cpp
+@pytest.mark.parametrize("clock", ["default", "steady"])
+def test_self_times_are_nanoseconds_on_either_clock(clock):
+    """The hot path reads the TSC where it is invariant and scales ticks to ns at snapshot; with
+    ``TORCH_ADAPTER_OBSERVER_CLOCK=steady`` it reads steady_clock. Either way a 30 ms op reports
+    its 30 ms (the clock is chosen once per process: one subprocess per clock)."""
+    env = dict(os.environ)
+    env.pop("TORCH_ADAPTER_OBSERVER_CLOCK", None)
+    if clock == "steady":
+        env["TORCH_ADAPTER_OBSERVER_CLOCK"] = "steady"
+    out = subprocess.run([sys.executable, "-c", _TIMED_OP], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    invariant_tsc = sys.platform == "linux" and os.uname().machine == "x86_64" and \
+        "nonstop_tsc" in open("/proc/cpuinfo").read()
+    expected = "steady_clock" if clock == "steady" or not invariant_tsc else "tsc"
+    assert got["clock"]["chosen"] and got["clock"]["source"] == expected
+    if expected == "steady_clock":
+        assert got["clock"]["ns_per_tick"] == 1.0
+    assert got["clone"] == 1
+    assert 30e6 <= got["self"] <= got["wall"]
+
+
+@needs_cpp
+def test_counts_stay_exact_while_other_threads_snapshot_and_tables_grow():
+    """The owner thread bumps its counters without a lock; snapshots (other observers starting and
+    stopping on another thread) and the growth of its tables (ops never seen before) lose nothing."""
+    names = ["sin", "cos", "exp", "log1p", "tanh", "sigmoid", "abs", "neg", "sqrt", "rsqrt", "floor", "ceil",
+             "round", "trunc", "frac", "reciprocal", "sign", "expm1", "log2", "log10", "erf", "erfc", "asinh",
+             "atan", "sinh", "cosh", "square", "relu", "deg2rad", "rad2deg", "lgamma", "digamma", "i0", "sinc"]
+    a = torch.rand(4) + 0.5
+    rounds = 60
+    stop = threading.Event()
+    counts = []
+
+    def snapshotter():
+        while not stop.is_set():
+            counts.append(OpObserver("cpp").start().stop().total_calls)
+
+    def worker():
+        for _ in range(rounds):
+            for name in names:
+                getattr(torch, name)(a)
+
+    outer = OpObserver("cpp").start()
+    side = threading.Thread(target=snapshotter)
+    side.start()
+    try:
+        threads = [threading.Thread(target=worker) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        stop.set()
+        side.join()
+        result = outer.stop()
+    assert len(counts) > 1
+    for name in names:
+        assert result.top_level[f"aten::{name}"] == 2 * rounds, name
+
+
 def test_python_backend_leaves_profiler_off():
     OpObserver("python").start().stop()
     assert not torch.autograd.profiler._is_profiler_enabled
