@@ -37,13 +37,13 @@ def backend(request, monkeypatch, gate):
     return request.param
 
 
-def _python_kernel_calls(fn) -> int:
-    """How many times a low-precision Python kernel ran during ``fn()`` (a profile hook, no stand-in)."""
+def _python_calls(fn, name: str = "kernel") -> int:
+    """How many times low_precision's function ``name`` ran during ``fn()`` (a profile hook, no stand-in)."""
     calls = 0
 
     def profile(frame, event, arg):
         nonlocal calls
-        if event == "call" and frame.f_code.co_name == "kernel" and frame.f_code.co_filename == low_precision.__file__:
+        if event == "call" and frame.f_code.co_name == name and frame.f_code.co_filename == low_precision.__file__:
             calls += 1
 
     sys.setprofile(profile)
@@ -71,15 +71,26 @@ def test_the_build_folder_is_torchs_own(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["cpp", "python"], indirect=True)
-def test_float32_calls_reach_python_only_without_the_gate(backend):
+def test_with_the_gate_no_call_enters_python_but_those_a_log_must_record(backend):
     a, x, w = torch.randn(16, 16), torch.randn(1, 4, 6, 6), torch.randn(4, 4, 3, 3)
+    fp32_calls = lambda: (a @ a, F.conv2d(x, w), torch.softmax(a, -1), torch.addmm(a, a, a))  # noqa: E731
+    fp16_calls = lambda: (a.half() @ a.half(), F.conv2d(x.half(), w.half()))  # noqa: E731
     with forced("avx512_bf16"), torch_adapter.adapted("cpu") as s:
         assert s.low_precision.gate_state == ("cpp" if backend == "cpp" else "off")
         assert ("_half_gate.cpp" in _cpu_kernel_text("aten::mm")) == (backend == "cpp")
-        fp32 = _python_kernel_calls(lambda: (a @ a, F.conv2d(x, w), torch.softmax(a, -1), torch.addmm(a, a, a)))
-        fp16 = _python_kernel_calls(lambda: (a.half() @ a.half(), F.conv2d(x.half(), w.half())))
+        fp32 = _python_calls(fp32_calls)
+        first = _python_calls(fp16_calls, "_note")  # each op's first rewrite: one redirect-log row
+        again = _python_calls(fp16_calls, "_note"), _python_calls(fp16_calls)
+        with torch_adapter.trace() as log:  # while a trace is open every rewritten call is logged
+            traced = _python_calls(fp16_calls, "_note")
+        after = _python_calls(fp16_calls, "_note")
+        redirects = [e.asked for e in s.redirect_log.entries() if e.kind == "low_precision"]
     assert fp32 == (0 if backend == "cpp" else 4)
-    assert fp16 == 2
+    assert first == 2 and traced == 2
+    assert again == ((0, 0) if backend == "cpp" else (2, 2)) and after == again[0]
+    assert sorted(redirects) == ["aten::convolution(float16)", "aten::mm(float16)"]
+    assert {(r.op, r.route, r.calls) for r in log.records() if r.via == "low_precision"} == {
+        ("aten::mm", "composite", 1), ("aten::convolution", "composite", 1)}
 
 
 def _program(kind: str):

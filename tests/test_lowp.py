@@ -184,21 +184,39 @@ def test_training_in_float16_gives_float16_grads_close_to_float32():
         torch.testing.assert_close(p.grad.float(), ref.grad, rtol=5e-2, atol=2e-3)
 
 
-def test_a_parameter_is_cast_once_until_it_changes():
+@pytest.mark.parametrize("gate", ["cpp", "python"])
+def test_a_parameter_is_cast_once_until_it_changes(gate, monkeypatch):
+    _backend(gate, monkeypatch)
     lin = torch.nn.Linear(64, 64).half()
     x = torch.randn(64, 64).half()
     with forced("avx512_bf16"), torch_adapter.adapted("cpu") as session, torch.no_grad():
         rewrite = session.low_precision
+        assert (rewrite.gate is not None) == (gate == "cpp")
         lin(x)
-        cached = len(rewrite.params)
+        cached = rewrite.cache_info()["params"]
         first = lin(x)
-        assert len(rewrite.params) == cached > 0
+        assert rewrite.cache_info()["params"] == cached > 0
         lin.weight.mul_(2)  # an in-place change (an optimizer step): a new copy, the old one dropped
         second = lin(x)
-        assert len(rewrite.params) == cached
+        assert rewrite.cache_info()["params"] == cached
+        del lin.weight  # a parameter that dies is no longer kept (its copies go at the next new parameter)
+        torch.nn.Linear(64, 64).half()(x)  # (and this one's two die with it)
+        assert rewrite.cache_info()["params"] == cached - 1
     torch.testing.assert_close(second.float() - lin.bias.float(), 2 * (first.float() - lin.bias.float()),
                                rtol=2e-2, atol=5e-2)
-    assert not rewrite.params  # uninstalled: the copies are gone
+    assert rewrite.cache_info()["params"] == 0  # uninstalled: the copies are gone
+
+
+def _backend(gate: str, monkeypatch) -> None:
+    """``cpp``: the C++ gate does the rewrite (skipped where it cannot be built); ``python``: the Python kernels."""
+    from torch_adapter.routing import half_gate
+
+    if gate == "cpp":
+        if not (half_gate.is_built() or tp.can_build_extensions()):
+            pytest.skip("no C++ compiler or ninja: the Python kernels serve")
+        half_gate.build()
+    monkeypatch.setenv(half_gate.ENV, "" if gate == "cpp" else "python")
+    monkeypatch.setattr(half_gate, "_EXT", None)
 
 
 def test_saved_weights_stay_float16(tmp_path):
@@ -326,22 +344,25 @@ def _chain(x: torch.Tensor, a: torch.nn.Linear, b: torch.nn.Linear, inplace: boo
     return b(h)
 
 
+@pytest.mark.parametrize("gate", ["cpp", "python"])
 @pytest.mark.parametrize("inplace", [False, True])
-def test_a_chain_of_rewritten_ops_casts_once_and_gives_the_recast_answer(inplace):
+def test_a_chain_of_rewritten_ops_casts_once_and_gives_the_recast_answer(inplace, gate, monkeypatch):
+    _backend(gate, monkeypatch)
     torch.manual_seed(3)
     x = torch.randn(128, 256).half()
     a, b = torch.nn.Linear(256, 128).half(), torch.nn.Linear(128, 128).half()
     with forced("avx512_bf16"), torch_adapter.adapted("cpu") as session, torch.no_grad():
-        cache = session.low_precision.outputs
-        cache.hits = 0
+        rewrite = session.low_precision
+        rewrite.set_output_cache_size(16)
         kept = _chain(x, a, b, inplace)
-        hits = cache.hits
-        cache.size = 0  # nothing kept: every input cast from float16 again
+        hits = rewrite.cache_info()["hits"]
+        rewrite.set_output_cache_size(0)  # nothing kept: every input cast from float16 again
         recast = _chain(x, a, b, inplace)
+        assert rewrite.cache_info()["hits"] == 0
     assert hits == (0 if inplace else 1)
     # bfloat16 values are float16 values (in float16's range): the kept copy is the recast one, bit for bit
     torch.testing.assert_close(kept, recast, rtol=0, atol=0)
-    assert not cache.entries  # uninstalled: nothing kept
+    assert rewrite.cache_info()["outputs"] == 0  # uninstalled: nothing kept
 
 
 @pytest.mark.parametrize("kind", ["avx2", "avx512_bf16"])

@@ -1,31 +1,45 @@
-// torch_adapter float16 gate: the low-precision kernels' dtype test in C++, so that a float32 (or any
-// non-float16) call of the heavy ops never crosses into Python.
+// torch_adapter float16 gate: the low-precision rewrite of the heavy ops in C++, so that neither a
+// float32 call nor a float16 one crosses into Python (routing/low_precision.py holds the same rewrite
+// in Python for machines where this is not built; both give the same bits).
 //
 // Built by torch_adapter/routing/half_gate.py (torch.utils.cpp_extension), never at import.
-// Sequence (routing/low_precision.py): capture(ops, key) keeps the kernels at `key` now (the CPU's
-// own); Python registers its float16 kernels there; install(specs) keeps those and registers one
-// boxed gate per op on top. The gate reads the op's arguments on the stack: when every floating
-// tensor argument (but the one a spec exempts) is float16, at least one, and the spec's flag argument
-// is not true, it calls the Python kernel (boxed: torch converts the stack); otherwise the CPU's
-// own kernel. uninstall() removes the gates, so the Python kernels are current again.
+// Sequence (routing/low_precision.py): capture(specs, key) keeps the kernels at `key` now (the CPU's
+// own) and each op's rewrite spec; install(key) registers one boxed gate per op on top; uninstall()
+// removes them. The gate reads the op's arguments on the stack: when every floating tensor argument
+// (but the one a spec exempts) is float16, at least one, and the spec's flag argument is not true, it
+// rewrites the call: float16 tensor arguments cast to the compute dtype (set_dtype: bfloat16 or
+// float32; float32 for the spec's fp32 ops and for products under its multiply-add threshold), the
+// CPU's own kernel on them, the listed returns cast back to float16. Otherwise the CPU's own kernel
+// answers. Two caches, as routing/lowp_cache.py and the Python kernel's parameter cache: a parameter's
+// copy in the compute dtype (until it changes in place or dies) and the compute-dtype originals of
+// the last few float16 outputs (a chain of rewritten ops casts each activation once).
+// Python hears of a rewritten call only when it must log it (set_noting while a trace() is open, and
+// each op's first rewrite): note(index) with the GIL, before the rewrite; its errors are reported as
+// unraisable and the call goes on.
 
 #include <ATen/Parallel.h>
+#include <algorithm>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/core/impl/PyObjectSlot.h>
+#include <c10/util/intrusive_ptr.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>  // ParameterClass
 #include <torch/csrc/utils/pybind.h>  // at::Tensor <-> torch.Tensor
 #include <torch/library.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -40,11 +54,15 @@ namespace {
 
 struct Gate {
   c10::OperatorHandle op;
-  c10::SafeKernelFunction plain;                 // the CPU's own kernel
-  std::optional<c10::SafeKernelFunction> half;   // the Python float16 kernel (set by install)
+  c10::SafeKernelFunction plain;  // the CPU's own kernel
   std::string name;
   int64_t exempt = -1;  // an argument that stays float32 whatever the activations' dtype
   int64_t flag = -1;    // a bool argument: true -> the CPU's own kernel answers
+  std::vector<int64_t> outputs;  // returns cast back to float16
+  bool fp32 = false;    // computed in float32 whatever the policy's dtype
+  int64_t macs = 0;     // 0: no size rule; 1: a product of args[ia] and args[ib]; 2: a convolution
+  int64_t ia = 0, ib = 1;
+  int64_t small = 0;    // under this many multiply-adds a bfloat16 product is computed in float32
 };
 
 // Owned here; never freed while the process may still dispatch to a gate (a late caller on another
@@ -52,6 +70,11 @@ struct Gate {
 std::vector<Gate>* g_gates = nullptr;
 std::unique_ptr<torch::Library> g_lib;
 std::mutex g_mutex;
+std::atomic<int> g_dtype{static_cast<int>(c10::ScalarType::Undefined)};  // the policy's compute dtype
+std::atomic<int> g_noting{0};           // trace() blocks open: while > 0 every rewritten call is noted
+std::atomic<uint64_t> g_noted{0};       // bit i: op i's first rewrite was noted
+PyObject* g_note = nullptr;             // note(index); a strong reference, kept until replaced
+std::atomic<uint64_t> g_note_errors{0};
 
 class QuietWarnings : public c10::WarningHandler {
  public:
@@ -80,18 +103,26 @@ bool all_half(const Gate& gate, const torch::jit::Stack& stack, size_t first, si
   return seen;
 }
 
+at::Tensor rewrite_cast_down(const at::Tensor& a, c10::ScalarType dtype);
+void rewrite(const Gate& gate, size_t index, const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+             torch::jit::Stack* stack, size_t first, size_t count);
+
 void gate(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const Gate* found = nullptr;
+  size_t index = 0;
   for (const auto& g : *g_gates) {
     if (g.op == op) {
       found = &g;
       break;
     }
+    ++index;
   }
   TORCH_CHECK(found != nullptr, "torch_adapter float16 gate: no kernel kept for ", op.schema().operator_name());
   const auto count = op.schema().arguments().size();
-  if (found->half && all_half(*found, *stack, stack->size() - count, count)) {
-    found->half->callBoxed(op, ks, stack);
+  const auto first = stack->size() - count;
+  if (g_dtype.load(std::memory_order_relaxed) != static_cast<int>(c10::ScalarType::Undefined) &&
+      all_half(*found, *stack, first, count)) {
+    rewrite(*found, index, op, ks, stack, first, count);
   } else {
     found->plain.callBoxed(op, ks, stack);
   }
@@ -105,17 +136,26 @@ c10::OperatorHandle find(const std::string& name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(base.c_str(), overload.c_str());
 }
 
-// (name, exempt argument or -1, flag argument or -1) per op
-void capture(const std::vector<std::tuple<std::string, int64_t, int64_t>>& specs, const std::string& key) {
+void clear_caches();
+
+// Per op: (name, exempt argument or -1, flag argument or -1, returns cast back, fp32, size rule, ia, ib,
+// small): see Gate.
+using Spec = std::tuple<std::string, int64_t, int64_t, std::vector<int64_t>, bool, int64_t, int64_t, int64_t, int64_t>;
+
+void capture(const std::vector<Spec>& specs, const std::string& key) {
   std::lock_guard<std::mutex> lock(g_mutex);
   TORCH_CHECK(!g_lib, "torch_adapter float16 gate: capture() while installed");
+  TORCH_CHECK(specs.size() <= 64, "torch_adapter float16 gate: at most 64 ops");
   const auto dispatch_key = c10::parseDispatchKey(key);
   auto gates = std::make_unique<std::vector<Gate>>();
-  for (const auto& [name, exempt, flag] : specs) {
+  for (const auto& [name, exempt, flag, outputs, fp32, macs, ia, ib, small] : specs) {
     auto handle = find(name);
-    gates->push_back({handle, handle.getComputedKernelForDispatchKey(dispatch_key), std::nullopt, name, exempt, flag});
+    gates->push_back({handle, handle.getComputedKernelForDispatchKey(dispatch_key), name, exempt, flag, outputs, fp32,
+                      macs, ia, ib, small});
   }
   g_gates = gates.release();  // the previous capture's stays allocated: see g_gates
+  g_noted.store(0);
+  clear_caches();
 }
 
 void install(const std::string& key) {
@@ -123,9 +163,6 @@ void install(const std::string& key) {
   TORCH_CHECK(g_gates != nullptr, "torch_adapter float16 gate: install() before capture()");
   TORCH_CHECK(!g_lib, "torch_adapter float16 gate: already installed");
   const auto dispatch_key = c10::parseDispatchKey(key);
-  for (auto& g : *g_gates) {
-    g.half = g.op.getComputedKernelForDispatchKey(dispatch_key);
-  }
   QuietWarnings quiet;  // "overriding a previously registered kernel" is the point
   c10::WarningUtils::WarningHandlerGuard guard(&quiet);
   g_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", dispatch_key, __FILE__, __LINE__);
@@ -138,7 +175,8 @@ void install(const std::string& key) {
 
 void uninstall() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  g_lib.reset();  // the gates are deregistered: the Python kernels are current again
+  g_lib.reset();  // the gates are deregistered: the CPU's own kernels are current again
+  clear_caches();
 }
 
 bool installed() {
@@ -190,43 +228,368 @@ bool fused_casts() {
 }
 
 // `src` (float16 or bfloat16, dense and non-overlapping: its elements fill one span of memory) in the
-// other dtype with the same sizes and strides; None when this CPU or this tensor is not for us.
-py::object convert(const at::Tensor& src) {
+// other dtype with the same sizes and strides; undefined when this CPU or this tensor is not for us.
+at::Tensor convert_tensor(const at::Tensor& src) {
   if (!fused_casts() || !src.defined() || src.device().type() != c10::DeviceType::CPU ||
       !src.is_non_overlapping_and_dense() || src.is_conj() || src.is_neg()) {
-    return py::none();
+    return at::Tensor();
   }
   const auto from = src.scalar_type();
   if (from != at::kHalf && from != at::kBFloat16) {
-    return py::none();
+    return at::Tensor();
   }
+  at::Tensor out = at::empty_strided(src.sizes(), src.strides(), src.options().dtype(from == at::kHalf ? at::kBFloat16 : at::kHalf));
+  // a dense tensor's elements sit in numel() consecutive slots from its first element (strides >= 0)
+  const auto* in = reinterpret_cast<const uint16_t*>(src.const_data_ptr());
+  auto* dst = reinterpret_cast<uint16_t*>(out.mutable_data_ptr());
+  at::parallel_for(0, src.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
+#ifdef TA_X86_CASTS
+    if (from == at::kHalf) {
+      half_to_bf16_x86(in + begin, dst + begin, end - begin);
+    } else {
+      bf16_to_half_x86(in + begin, dst + begin, end - begin);
+    }
+#endif
+  });
+  return out;
+}
+
+py::object convert(const at::Tensor& src) {
   at::Tensor out;
   {
     py::gil_scoped_release nogil;
-    out = at::empty_strided(src.sizes(), src.strides(), src.options().dtype(from == at::kHalf ? at::kBFloat16 : at::kHalf));
-    // a dense tensor's elements sit in numel() consecutive slots from its first element (strides >= 0)
-    const auto* in = reinterpret_cast<const uint16_t*>(src.const_data_ptr());
-    auto* dst = reinterpret_cast<uint16_t*>(out.mutable_data_ptr());
-    at::parallel_for(0, src.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
-#ifdef TA_X86_CASTS
-      if (from == at::kHalf) {
-        half_to_bf16_x86(in + begin, dst + begin, end - begin);
-      } else {
-        bf16_to_half_x86(in + begin, dst + begin, end - begin);
-      }
-#endif
-    });
+    out = convert_tensor(src);
+  }
+  if (!out.defined()) {
+    return py::none();
   }
   return py::cast(out);
+}
+
+// ---- the rewrite --------------------------------------------------------------------------------
+// The casts are low_precision.py's _down/_up: float16 -> float32 `.float()`; float16 -> bfloat16 in
+// one pass where convert_tensor takes it, else through float32 (two vectorised casts); back the same.
+
+at::Tensor raw_down(const at::Tensor& a, c10::ScalarType dtype) {
+  if (dtype == at::kFloat) {
+    return a.to(at::kFloat);
+  }
+  at::Tensor out = convert_tensor(a);
+  return out.defined() ? out : a.to(at::kFloat).to(dtype);
+}
+
+at::Tensor raw_up(const at::Tensor& c, c10::ScalarType dtype) {
+  if (!c.defined() || c.scalar_type() != dtype) {
+    return c;
+  }
+  if (dtype == at::kFloat) {
+    return c.to(at::kHalf);
+  }
+  at::Tensor out = convert_tensor(c);
+  return out.defined() ? out : c.to(at::kFloat).to(at::kHalf);
+}
+
+using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+// A parameter's copies in the compute dtype, one per (dtype, view geometry), while its version holds.
+struct ParamCopies {
+  WeakImpl ref;
+  uint32_t version;
+  std::vector<std::pair<std::vector<int64_t>, at::Tensor>> copies;  // key: dtype, sizes, strides, offset
+};
+
+// A recent float16 output -> the compute-dtype tensor it was made from (routing/lowp_cache.py).
+struct Kept {
+  WeakImpl ref;
+  uint32_t version;
+  at::Tensor c;
+  uint64_t tick;
+};
+
+std::mutex g_cache_mutex;  // guards the caches; nothing under it calls Python or frees a tensor a Python object owns
+std::unordered_map<const c10::TensorImpl*, ParamCopies> g_params;
+std::unordered_map<const c10::TensorImpl*, Kept> g_outputs;
+size_t g_output_size = 16;
+uint64_t g_tick = 0, g_hits = 0, g_calls = 0;
+
+// Tensors taken out of the caches are released after the lock (a tensor's last reference may free memory).
+struct Released {
+  std::vector<at::Tensor> tensors;
+  void take(at::Tensor t) { tensors.push_back(std::move(t)); }
+};
+
+void sweep_params_locked(Released& released) {
+  for (auto it = g_params.begin(); it != g_params.end();) {
+    if (it->second.ref.expired()) {
+      for (auto& kv : it->second.copies) released.take(std::move(kv.second));
+      it = g_params.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void clear_caches() {
+  Released released;
+  {
+    std::lock_guard<std::mutex> lock(g_cache_mutex);
+    for (auto& kv : g_params)
+      for (auto& copy : kv.second.copies) released.take(std::move(copy.second));
+    for (auto& kv : g_outputs) released.take(std::move(kv.second.c));
+    g_params.clear();
+    g_outputs.clear();
+  }
+}
+
+bool is_parameter(const at::Tensor& base) {
+  // The tensor's Python object, if it has one, is alive while the tensor is; its type is read, never changed.
+  PyObject* obj = base.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
+  if (obj == nullptr || ::ParameterClass == nullptr) {
+    return false;
+  }
+  auto* type = Py_TYPE(obj);
+  return type == reinterpret_cast<PyTypeObject*>(::ParameterClass) ||
+         PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(::ParameterClass));
+}
+
+std::vector<int64_t> view_key(const at::Tensor& a, c10::ScalarType dtype) {
+  std::vector<int64_t> key{static_cast<int64_t>(dtype), a.dim()};
+  key.insert(key.end(), a.sizes().begin(), a.sizes().end());
+  key.insert(key.end(), a.strides().begin(), a.strides().end());
+  key.push_back(a.storage_offset());
+  return key;
+}
+
+// `a` (float16) in `dtype`: a parameter's kept copy, a recent output's original, or a fresh cast.
+at::Tensor rewrite_cast_down(const at::Tensor& a, c10::ScalarType dtype) {
+  if (a.is_inference()) {  // no version counter (made under inference_mode): cast, keep nothing
+    return raw_down(a, dtype);
+  }
+  const at::Tensor base = a.is_view() ? at::Tensor(a._base()) : a;
+  const auto* impl = base.unsafeGetTensorImpl();
+  const uint32_t version = base._version();
+  Released released;
+  if (!is_parameter(base)) {
+    at::Tensor c;
+    {
+      std::lock_guard<std::mutex> lock(g_cache_mutex);
+      auto it = g_outputs.find(impl);
+      if (it == g_outputs.end() || it->second.ref.expired() || it->second.version != version) {
+        return raw_down(a, dtype);
+      }
+      c = it->second.c;
+      ++g_hits;
+    }
+    if (a.unsafeGetTensorImpl() != impl) {
+      c = c.as_strided(a.sizes(), a.strides(), a.storage_offset());
+    }
+    return c.scalar_type() == dtype ? c : c.to(dtype);  // bfloat16 -> float32 exact; float32 -> bfloat16 one rounding
+  }
+  auto key = view_key(a, dtype);
+  {
+    std::lock_guard<std::mutex> lock(g_cache_mutex);
+    auto it = g_params.find(impl);
+    if (it != g_params.end() && !it->second.ref.expired() && it->second.version == version) {
+      for (const auto& kv : it->second.copies)
+        if (kv.first == key) return kv.second;
+    }
+  }
+  at::Tensor out = raw_down(a, dtype);
+  {
+    std::lock_guard<std::mutex> lock(g_cache_mutex);
+    auto it = g_params.find(impl);
+    if (it == g_params.end() || it->second.ref.expired() || it->second.version != version) {  // new, or changed in place
+      if (it != g_params.end()) {
+        for (auto& kv : it->second.copies) released.take(std::move(kv.second));
+        g_params.erase(it);
+      } else {
+        sweep_params_locked(released);  // a new parameter: drop those that died meanwhile
+      }
+      it = g_params.emplace(impl, ParamCopies{WeakImpl(base.getIntrusivePtr()), version, {}}).first;
+    }
+    it->second.copies.emplace_back(std::move(key), out);
+  }
+  return out;
+}
+
+// The float16 result the program gets; `c` kept for the next rewritten call that takes it.
+at::Tensor rewrite_cast_up(const at::Tensor& c, c10::ScalarType dtype) {
+  at::Tensor y16 = raw_up(c, dtype);
+  if (!y16.defined() || y16.unsafeGetTensorImpl() == c.unsafeGetTensorImpl() || c.strides() != y16.strides() ||
+      c.storage_offset() != 0 || y16.storage_offset() != 0 || y16.is_view() || y16.is_inference()) {
+    return y16;
+  }
+  Released released;
+  std::lock_guard<std::mutex> lock(g_cache_mutex);
+  if (g_output_size == 0) {
+    return y16;
+  }
+  for (auto it = g_outputs.begin(); it != g_outputs.end();) {  // the dead ones go first
+    if (it->second.ref.expired()) {
+      released.take(std::move(it->second.c));
+      it = g_outputs.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  g_outputs.insert_or_assign(y16.unsafeGetTensorImpl(), Kept{WeakImpl(y16.getIntrusivePtr()), y16._version(), c, ++g_tick});
+  while (g_outputs.size() > g_output_size) {
+    auto oldest = g_outputs.begin();
+    for (auto it = g_outputs.begin(); it != g_outputs.end(); ++it)
+      if (it->second.tick < oldest->second.tick) oldest = it;
+    released.take(std::move(oldest->second.c));
+    g_outputs.erase(oldest);
+  }
+  return y16;
+}
+
+int64_t numel_of(const c10::IValue& v) {
+  return v.isTensor() && v.toTensor().defined() ? v.toTensor().numel() : -1;
+}
+
+// float32 for the spec's fp32 ops and for bfloat16 products too small for the bf16 kernels' set-up.
+c10::ScalarType compute_dtype(const Gate& gate, const torch::jit::Stack& stack, size_t first) {
+  const auto dtype = static_cast<c10::ScalarType>(g_dtype.load(std::memory_order_relaxed));
+  if (gate.fp32) {
+    return at::kFloat;
+  }
+  if (dtype != at::kBFloat16 || gate.macs == 0) {
+    return dtype;
+  }
+  const auto& a = stack[first + gate.ia];
+  const auto& b = stack[first + gate.ib];
+  if (!a.isTensor() || !b.isTensor() || !a.toTensor().defined() || !b.toTensor().defined()) {
+    return dtype;  // (low_precision.py: not two tensors -> not small)
+  }
+  const auto& x = a.toTensor();
+  const auto& w = b.toTensor();
+  int64_t macs;
+  if (gate.macs == 1) {
+    macs = x.numel() * (w.dim() > 0 ? w.size(-1) : 1);
+  } else {  // ~ N*H*W positions x Cout*(Cin/groups)*kh*kw weights (stride 1)
+    macs = x.numel() / std::max<int64_t>(x.dim() > 1 ? x.size(1) : 1, 1) * w.numel();
+  }
+  return macs < gate.small ? at::kFloat : dtype;
+}
+
+void note(size_t index) {
+  py::gil_scoped_acquire gil;
+  if (g_note == nullptr) {
+    return;
+  }
+  try {
+    py::reinterpret_borrow<py::object>(g_note)(index);
+  } catch (py::error_already_set& e) {  // an observer's failure reports itself; the call goes on
+    g_note_errors.fetch_add(1);
+    e.discard_as_unraisable("torch_adapter float16 gate: noting a rewritten call");
+  } catch (...) {
+    g_note_errors.fetch_add(1);
+  }
+}
+
+void rewrite(const Gate& gate, size_t index, const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+             torch::jit::Stack* stack, size_t first, size_t count) {
+  const uint64_t bit = 1ull << index;
+  if (g_noting.load(std::memory_order_relaxed) > 0 || !(g_noted.load(std::memory_order_relaxed) & bit)) {
+    note(index);
+    g_noted.fetch_or(bit);
+  }
+  const auto dtype = compute_dtype(gate, *stack, first);
+  for (size_t i = 0; i < count; ++i) {
+    auto& value = (*stack)[first + i];
+    if (value.isTensor()) {
+      const auto& t = value.toTensor();
+      if (t.defined() && t.scalar_type() == at::kHalf) {
+        value = rewrite_cast_down(t, dtype);
+      }
+    }
+  }
+  gate.plain.callBoxed(op, ks, stack);
+  const auto returns = op.schema().returns().size();
+  const auto out0 = stack->size() - returns;
+  for (auto position : gate.outputs) {
+    if (position < 0 || static_cast<size_t>(position) >= returns) continue;
+    auto& value = (*stack)[out0 + position];
+    if (value.isTensor()) {
+      value = rewrite_cast_up(value.toTensor(), dtype);
+    }
+  }
+  if ((++g_calls & 4095) == 0) {  // now and then: parameters that died since
+    Released released;
+    std::lock_guard<std::mutex> lock(g_cache_mutex);
+    sweep_params_locked(released);
+  }
+}
+
+// ---- what Python sets and reads -------------------------------------------------------------------
+
+void set_dtype(const std::string& name) {
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  if (name == "bfloat16") {
+    dtype = at::kBFloat16;
+  } else if (name == "float32") {
+    dtype = at::kFloat;
+  } else {
+    TORCH_CHECK(name.empty() || name == "none", "torch_adapter float16 gate: set_dtype('bfloat16'|'float32'|''), got '",
+                name, "'");
+  }
+  g_dtype.store(static_cast<int>(dtype));
+  clear_caches();
+}
+
+void set_note(py::object fn) {
+  PyObject* old = g_note;
+  g_note = fn.is_none() ? nullptr : fn.release().ptr();
+  Py_XDECREF(old);
+}
+
+void set_noting(int64_t open) { g_noting.store(static_cast<int>(std::max<int64_t>(open, 0))); }
+
+void set_output_cache_size(int64_t size) {
+  TORCH_CHECK(size >= 0, "torch_adapter float16 gate: an output cache size >= 0, got ", size);
+  Released released;
+  std::lock_guard<std::mutex> lock(g_cache_mutex);
+  g_output_size = static_cast<size_t>(size);
+  while (g_outputs.size() > g_output_size) {
+    released.take(std::move(g_outputs.begin()->second.c));
+    g_outputs.erase(g_outputs.begin());
+  }
+}
+
+py::dict cache_info() {
+  py::dict out;
+  std::lock_guard<std::mutex> lock(g_cache_mutex);
+  size_t params = 0;
+  for (const auto& kv : g_params)
+    if (!kv.second.ref.expired()) ++params;
+  out["params"] = params;
+  out["outputs"] = g_outputs.size();
+  out["hits"] = g_hits;
+  out["output_size"] = g_output_size;
+  out["noting"] = g_noting.load();
+  out["note_errors"] = g_note_errors.load();
+  return out;
+}
+
+void reset_hits() {
+  std::lock_guard<std::mutex> lock(g_cache_mutex);
+  g_hits = 0;
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("capture", &capture, "keep the kernels at KEY now (the CPU's own) for these ops");
-  m.def("install", &install, "keep the Python kernels now at KEY and register the gates on top");
-  m.def("uninstall", &uninstall, "remove the gates");
+  m.def("capture", &capture, "keep the kernels at KEY now (the CPU's own) and the rewrite spec of each op");
+  m.def("install", &install, "register the gates on top of the captured kernels at KEY");
+  m.def("uninstall", &uninstall, "remove the gates (and empty the caches)");
   m.def("installed", &installed);
+  m.def("set_dtype", &set_dtype, "the compute dtype of rewritten calls: 'bfloat16', 'float32', or '' (none)");
+  m.def("set_note", &set_note, "note(index) is called with the GIL when a rewritten call must be logged (None: never)");
+  m.def("set_noting", &set_noting, "how many trace() blocks are open: while > 0 every rewritten call is noted");
+  m.def("set_output_cache_size", &set_output_cache_size, "how many recent float16 outputs keep their originals");
+  m.def("cache_info", &cache_info, "{params, outputs, hits, output_size, noting, note_errors}");
+  m.def("reset_hits", &reset_hits);
+  m.def("clear_caches", &clear_caches);
   m.def("fused_casts", &fused_casts, "does this CPU take the one-pass float16 <-> bfloat16 casts?");
   m.def("convert", &convert, "float16 <-> bfloat16 in one pass (same sizes and strides), or None");
 }

@@ -125,6 +125,8 @@ class _Rewrite:
         self.hooked = False  # restored() is on the session's Patcher
         self.gate: Any = None  # the C++ float16 gate's module while its kernels are registered
         self.gate_state = ""  # "cpp", or what half_gate.ensure_built() said (the Python kernels serve)
+        self.gate_names: list[str] = []  # the gate's op index -> name (its note(index) callback)
+        self.registered = False
 
     def set_policy(self, policy: str) -> None:
         from .decide import Route, RouteDecision
@@ -145,37 +147,75 @@ class _Rewrite:
                 return f"float16 computed in {short} ({why}{small(name)})"
 
             self.decisions = {name: RouteDecision(name, Route.COMPOSITE, reason(name), "low_precision") for name in OPS}
-            if dtype is not None and not self.libs:
+            if dtype is not None and not self.registered:
                 self._register()
             elif dtype is None:
                 self.destroy_locked()
+            if self.gate is not None:
+                self.gate.set_dtype(short if dtype is not None else "")  # (and empties its caches)
             self.params.clear()
             self.outputs.clear()
 
     def _register(self) -> None:
-        """The Python kernels on the CPU key and, where it is built, the C++ gate above them (float16
-        calls only reach Python: :mod:`.half_gate`); else a background build of it for later sessions."""
-        from . import half_gate
+        """The C++ gate where it is built (the whole rewrite in C++: :mod:`.half_gate`), else the Python
+        kernels on the CPU key and a background build of the gate for later sessions."""
+        from . import half_gate, trace
 
         originals = {name: tp.host_kernel(name, "CPU") for name in OPS}
         originals = {name: k for name, k in originals.items() if k is not None}  # None: not in this build
         gate = half_gate.load()
+        global _convert
         if gate is not None:
-            gate.capture([(n, _FP32_INPUTS.get(n, -1), _UNCHANGED_IF_TRUE.get(n, -1)) for n in originals], "CPU")
+            self.gate_names = list(originals)
+            gate.capture([_gate_spec(n) for n in self.gate_names], "CPU")
+            gate.set_note(self._note_index)
+            gate.set_noting(len(trace.active_logs()))
+            trace.LISTENERS.append(gate.set_noting)  # told how many trace() blocks are open
+            try:
+                gate.install("CPU")
+            except BaseException:
+                trace.LISTENERS.remove(gate.set_noting)
+                gate.set_note(None)
+                raise
+            self.gate = gate
+            _convert = gate.convert if gate.fused_casts() else None
+            self.gate_state = "cpp"
+            self.registered = True
+            return
         lib = tp.kernel_library("aten")
         try:
             for name, original in originals.items():
                 tp.register_python_kernel(lib, name, self._kernel(name, original, OPS[name]), "CPU")
-            if gate is not None:
-                gate.install("CPU")
-                self.gate = gate
-            global _convert
-            _convert = gate.convert if gate is not None and gate.fused_casts() else None
         except BaseException:
             lib._destroy()
             raise
+        _convert = None
         self.libs.append(lib)
-        self.gate_state = "cpp" if gate is not None else half_gate.ensure_built()
+        self.registered = True
+        self.gate_state = half_gate.ensure_built()
+
+    def _note_index(self, index: int) -> None:
+        """The gate's callback: its op ``index`` rewrote a call that must be logged (a trace() is open,
+        or it is the op's first rewrite)."""
+        self._note(self.gate_names[index])
+
+    def cache_info(self) -> dict[str, int]:
+        """What the caches hold now, whichever side keeps them: {params, outputs, hits, output_size}."""
+        if self.gate is not None:
+            return {k: int(v) for k, v in self.gate.cache_info().items()}
+        return {"params": len(self.params), "outputs": len(self.outputs.entries), "hits": self.outputs.hits,
+                "output_size": self.outputs.size}
+
+    def set_output_cache_size(self, size: int) -> None:
+        """How many recent float16 outputs keep their compute-dtype originals (0: none; tests)."""
+        self.outputs.size = size
+        if self.gate is not None:
+            self.gate.set_output_cache_size(size)
+        if size == 0:
+            self.outputs.clear()
+        self.outputs.hits = 0
+        if self.gate is not None:
+            self.gate.reset_hits()
 
     def restored(self) -> None:
         """The session's patches came off: so do the kernels (apply() puts them back at resume)."""
@@ -187,11 +227,17 @@ class _Rewrite:
 
     def destroy_locked(self) -> None:
         if self.gate is not None:
+            from . import trace
+
             self.gate.uninstall()
+            self.gate.set_note(None)
+            if self.gate.set_noting in trace.LISTENERS:
+                trace.LISTENERS.remove(self.gate.set_noting)
             self.gate = None
         for lib in self.libs:
             lib._destroy()
         self.libs.clear()
+        self.registered = False
 
     def _kernel(self, name: str, original: Any, outputs: tuple[int, ...] | None) -> Any:
         keep = _FP32_INPUTS.get(name)
@@ -203,9 +249,7 @@ class _Rewrite:
 
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
             dtype = self.dtype
-            # behind the C++ gate only all-float16 calls come here: its test is not repeated
-            if dtype is None or (self.gate is None and (not _all_half(args, kwargs, keep)
-                                                       or (flag is not None and args[flag]))):
+            if dtype is None or not _all_half(args, kwargs, keep) or (flag is not None and args[flag]):
                 return original.call_boxed(keyset, *args, **kwargs)
             if fp32 or (dtype is torch.bfloat16 and size is not None and size(args) < small):
                 dtype = torch.float32  # a tiny product: bf16 kernels' set-up costs more than float32's work
@@ -264,6 +308,16 @@ class _Rewrite:
             return
         for log in active_logs():  # the observer counts it as native; trace() moves it over
             log.add_decision(d, calls=1, parent=state.parent, find_site=True)
+
+
+def _gate_spec(name: str) -> tuple:
+    """The C++ gate's rewrite spec of ``name`` (the same rules as the Python kernel's; _half_gate.cpp Gate)."""
+    outputs = OPS[name]
+    size = {"aten::mm": (1, 0, 1), "aten::bmm": (1, 0, 1), "aten::addmm": (1, 1, 2), "aten::baddbmm": (1, 1, 2),
+            "aten::convolution": (2, 0, 1)}.get(name, (0, 0, 1))
+    small = _SMALL_CONV_MACS if name == "aten::convolution" else _SMALL_MACS
+    return (name, _FP32_INPUTS.get(name, -1), _UNCHANGED_IF_TRUE.get(name, -1),
+            [0] if outputs is None else list(outputs), name in FP32_OPS, *size, small)
 
 
 _HOOKS: tuple[Any, Any, Any] | None = None

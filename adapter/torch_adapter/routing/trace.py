@@ -21,7 +21,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import time
-from typing import Any, Iterator
+import warnings
+from typing import Any, Callable, Iterator
 
 from ..core.torch_private import dispatch_mode_base
 from .choose import decide_name
@@ -91,6 +92,18 @@ def _observer_class() -> Any:
 
 
 _ACTIVE: list[RoutingLog] = []  # logs of the trace() blocks now open (optimize.register adds to them)
+# told len(_ACTIVE) each time a trace() block opens or closes: the C++ float16 gate notes its rewritten
+# calls only while one is open (routing/low_precision.py)
+LISTENERS: list[Callable[[int], Any]] = []
+
+
+def _announce() -> None:
+    for listener in list(LISTENERS):
+        try:
+            listener(len(_ACTIVE))
+        except Exception as exc:  # an observer's failure reports itself; the block goes on
+            warnings.warn(f"torch_adapter.trace: a listener failed: {type(exc).__name__}: {exc}", RuntimeWarning,
+                          stacklevel=3)
 
 
 def active_logs() -> list[RoutingLog]:
@@ -216,6 +229,7 @@ def trace(*, use_observer: bool | None = None, threads: bool | None = None) -> I
 
     t0 = time.perf_counter()
     _ACTIVE.append(log)
+    _announce()
     try:
         obs = _start_observer() if use_observer is not False else None
         if obs is not None:
@@ -239,6 +253,7 @@ def trace(*, use_observer: bool | None = None, threads: bool | None = None) -> I
                 yield log
     finally:
         _ACTIVE[:] = [x for x in _ACTIVE if x is not log]
+        _announce()
         log.meta.setdefault("duration_s", round(time.perf_counter() - t0, 6))
 
 
