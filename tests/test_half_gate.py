@@ -214,3 +214,33 @@ def test_the_one_pass_casts_round_as_torchs_two_passes(gate):
     assert gate.convert(torch.randn(3)) is None  # float32: not ours
     big = torch.randn(1 << 17).half()  # split over threads
     assert torch.equal(gate.convert(big), big.float().bfloat16())
+
+
+def test_the_one_pass_float32_casts_round_as_torchs_own(gate):
+    if not gate.f16c_casts():
+        assert gate.convert_to(torch.zeros(4, dtype=torch.half), "float32") is None
+        pytest.skip("this CPU has no AVX2 + F16C: torch's own casts serve")
+    h = _special_halves()
+    f = gate.convert_to(h, "float32")
+    assert f.dtype is torch.float32 and torch.equal(f, h.float())
+    # float32 -> float16: every float16 value, the midpoints between neighbours (ties to even), values
+    # just off them, beyond the largest (overflow to inf), inside the subnormals, and random ones
+    mid = (f[:-1].double() + f[1:].double()) / 2
+    mid = mid[mid.abs() < 65520].float()
+    near = torch.cat([mid.nextafter(torch.tensor(float("inf"))), mid.nextafter(torch.tensor(float("-inf")))])
+    torch.manual_seed(0)
+    rand = torch.randn(1 << 16) * torch.logspace(-9, 6, 1 << 16)
+    x = torch.cat([f, mid, near, rand, torch.tensor([65520.0, -65520.0, 1e30, -1e30, 6e-8, 3e-8, -2.9e-8])])
+    x = x[x.isfinite() | x.isinf()]
+    y = gate.convert_to(x, "float16")
+    assert torch.equal(y.view(torch.int16), x.half().view(torch.int16))
+    assert gate.convert_to(torch.tensor([float("nan")]), "float16").isnan().all()
+    # strides kept, tails under 8 lanes, threads, and what it refuses
+    c = torch.randn(2, 3, 5, 7).contiguous(memory_format=torch.channels_last)
+    assert gate.convert_to(c, "float16").stride() == c.stride() and torch.equal(gate.convert_to(c, "float16"), c.half())
+    big = torch.randn((1 << 17) + 3)
+    assert torch.equal(gate.convert_to(big, "float16"), big.half())
+    assert gate.convert_to(c[..., ::2], "float16") is None  # not dense: torch's own cast
+    assert gate.convert_to(torch.randn(3).double(), "float16") is None
+    with pytest.raises(RuntimeError, match="convert_to"):
+        gate.convert_to(c, "bfloat16")

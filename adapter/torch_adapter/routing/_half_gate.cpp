@@ -24,7 +24,7 @@
 #include <ATen/core/stack.h>
 #include <c10/core/impl/PyObjectSlot.h>
 #include <c10/util/intrusive_ptr.h>
-#include <ATen/ops/empty_strided.h>
+#include <ATen/EmptyTensor.h>  // at::detail::empty_strided_cpu: no dispatch for our own buffers
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
@@ -215,7 +215,40 @@ __attribute__((target("avx512f,avx512vl,f16c"))) void bf16_to_half_x86(const uin
     out[i] = c10::Half(static_cast<float>(c10::BFloat16(in[i], c10::BFloat16::from_bits()))).x;
   }
 }
+
+// float16 <-> float32, 8 lanes at a time with F16C (any AVX2 CPU): the conversions torch's own vectorised
+// casts make (float16 -> float32 exact; float32 -> float16 round to nearest even), without the
+// TensorIterator set-up that dominates the small tensors of overhead-bound models.
+__attribute__((target("avx2,f16c"))) void half_to_float_x86(const uint16_t* in, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+  }
+  for (; i < n; ++i) {
+    out[i] = static_cast<float>(c10::Half(in[i], c10::Half::from_bits()));
+  }
+}
+
+__attribute__((target("avx2,f16c"))) void float_to_half_x86(const float* in, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+  }
+  for (; i < n; ++i) {
+    out[i] = c10::Half(in[i]).x;
+  }
+}
 #endif
+
+bool f16c_casts() {
+#ifdef TA_X86_CASTS
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return ok;
+#else
+  return false;
+#endif
+}
 
 bool fused_casts() {
 #ifdef TA_X86_CASTS
@@ -227,18 +260,22 @@ bool fused_casts() {
 #endif
 }
 
+bool castable(const at::Tensor& src) {
+  return src.defined() && src.device().type() == c10::DeviceType::CPU && src.is_non_overlapping_and_dense() &&
+         !src.is_conj() && !src.is_neg();
+}
+
 // `src` (float16 or bfloat16, dense and non-overlapping: its elements fill one span of memory) in the
 // other dtype with the same sizes and strides; undefined when this CPU or this tensor is not for us.
 at::Tensor convert_tensor(const at::Tensor& src) {
-  if (!fused_casts() || !src.defined() || src.device().type() != c10::DeviceType::CPU ||
-      !src.is_non_overlapping_and_dense() || src.is_conj() || src.is_neg()) {
+  if (!fused_casts() || !castable(src)) {
     return at::Tensor();
   }
   const auto from = src.scalar_type();
   if (from != at::kHalf && from != at::kBFloat16) {
     return at::Tensor();
   }
-  at::Tensor out = at::empty_strided(src.sizes(), src.strides(), src.options().dtype(from == at::kHalf ? at::kBFloat16 : at::kHalf));
+  at::Tensor out = at::detail::empty_strided_cpu(src.sizes(), src.strides(), from == at::kHalf ? at::kBFloat16 : at::kHalf);
   // a dense tensor's elements sit in numel() consecutive slots from its first element (strides >= 0)
   const auto* in = reinterpret_cast<const uint16_t*>(src.const_data_ptr());
   auto* dst = reinterpret_cast<uint16_t*>(out.mutable_data_ptr());
@@ -248,6 +285,31 @@ at::Tensor convert_tensor(const at::Tensor& src) {
       half_to_bf16_x86(in + begin, dst + begin, end - begin);
     } else {
       bf16_to_half_x86(in + begin, dst + begin, end - begin);
+    }
+#endif
+  });
+  return out;
+}
+
+// `src` float16 -> float32 or float32 -> float16 (dense, same sizes and strides) in one F16C pass;
+// undefined when this CPU or this tensor is not for us.
+at::Tensor convert_float(const at::Tensor& src, c10::ScalarType to) {
+  if (!f16c_casts() || !castable(src)) {
+    return at::Tensor();
+  }
+  const auto from = src.scalar_type();
+  if (!((from == at::kHalf && to == at::kFloat) || (from == at::kFloat && to == at::kHalf))) {
+    return at::Tensor();
+  }
+  at::Tensor out = at::detail::empty_strided_cpu(src.sizes(), src.strides(), to);
+  const void* in = src.const_data_ptr();
+  void* dst = out.mutable_data_ptr();
+  at::parallel_for(0, src.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
+#ifdef TA_X86_CASTS
+    if (from == at::kHalf) {
+      half_to_float_x86(static_cast<const uint16_t*>(in) + begin, static_cast<float*>(dst) + begin, end - begin);
+    } else {
+      float_to_half_x86(static_cast<const float*>(in) + begin, static_cast<uint16_t*>(dst) + begin, end - begin);
     }
 #endif
   });
@@ -266,27 +328,41 @@ py::object convert(const at::Tensor& src) {
   return py::cast(out);
 }
 
+py::object convert_to(const at::Tensor& src, const std::string& to) {
+  TORCH_CHECK(to == "float32" || to == "float16", "torch_adapter float16 gate: convert_to(t, 'float32'|'float16'), got '", to, "'");
+  at::Tensor out;
+  {
+    py::gil_scoped_release nogil;
+    out = convert_float(src, to == "float32" ? at::kFloat : at::kHalf);
+  }
+  if (!out.defined()) {
+    return py::none();
+  }
+  return py::cast(out);
+}
+
 // ---- the rewrite --------------------------------------------------------------------------------
-// The casts are low_precision.py's _down/_up: float16 -> float32 `.float()`; float16 -> bfloat16 in
-// one pass where convert_tensor takes it, else through float32 (two vectorised casts); back the same.
+// The casts give low_precision.py's _down/_up bits: float16 <-> float32 in one F16C pass where
+// convert_float takes it (else torch's `.float()`/`.half()`); float16 <-> bfloat16 in one pass where
+// convert_tensor takes it, else through float32 (two vectorised casts).
 
 at::Tensor raw_down(const at::Tensor& a, c10::ScalarType dtype) {
-  if (dtype == at::kFloat) {
-    return a.to(at::kFloat);
+  at::Tensor out = dtype == at::kFloat ? convert_float(a, at::kFloat) : convert_tensor(a);
+  if (out.defined()) {
+    return out;
   }
-  at::Tensor out = convert_tensor(a);
-  return out.defined() ? out : a.to(at::kFloat).to(dtype);
+  return dtype == at::kFloat ? a.to(at::kFloat) : a.to(at::kFloat).to(dtype);
 }
 
 at::Tensor raw_up(const at::Tensor& c, c10::ScalarType dtype) {
   if (!c.defined() || c.scalar_type() != dtype) {
     return c;
   }
-  if (dtype == at::kFloat) {
-    return c.to(at::kHalf);
+  at::Tensor out = dtype == at::kFloat ? convert_float(c, at::kHalf) : convert_tensor(c);
+  if (out.defined()) {
+    return out;
   }
-  at::Tensor out = convert_tensor(c);
-  return out.defined() ? out : c.to(at::kFloat).to(at::kHalf);
+  return dtype == at::kFloat ? c.to(at::kHalf) : c.to(at::kFloat).to(at::kHalf);
 }
 
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
@@ -592,4 +668,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("clear_caches", &clear_caches);
   m.def("fused_casts", &fused_casts, "does this CPU take the one-pass float16 <-> bfloat16 casts?");
   m.def("convert", &convert, "float16 <-> bfloat16 in one pass (same sizes and strides), or None");
+  m.def("f16c_casts", &f16c_casts, "does this CPU take the one-pass float16 <-> float32 casts (AVX2 + F16C)?");
+  m.def("convert_to", &convert_to, "float16 -> 'float32' or float32 -> 'float16' in one F16C pass, or None");
 }
