@@ -28,7 +28,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-__all__ = ["CpuFeatures", "cpu_features", "forced", "ENV_VAR", "KINDS", "FLOAT16_COMPUTE"]
+__all__ = ["CpuFeatures", "cpu_features", "forced", "is_forced", "ENV_VAR", "KINDS", "FLOAT16_COMPUTE"]
 
 ENV_VAR = "TORCH_ADAPTER_CPU_FEATURES"
 _AVX2 = ("sse4_2", "avx", "avx2", "fma", "f16c")
@@ -211,3 +211,8 @@ def forced(spec: str) -> Iterator[CpuFeatures]:
         yield cpu_features()
     finally:
         _OVERRIDE.pop()
+
+
+def is_forced() -> bool:
+    """Inside a :func:`forced` block (a kind decided by its table alone: no speed check)."""
+    return bool(_OVERRIDE)

@@ -123,10 +123,16 @@ def cpu_details() -> dict[str, Any]:
     forced kind (``TORCH_ADAPTER_CPU_FEATURES``, ``cpu_features.forced``) shows."""
     from ..core.cpu_features import cpu_features
 
+    from .low_precision import compute_dtype
+
     f = cpu_features()
+    dtype, why = compute_dtype("auto")  # (the flags' choice, checked by one cached measurement where it is bf16)
+    chosen = str(dtype).replace("torch.", "") if dtype is not None else "float16"
+    measured = "measured no faster" in why
     return {"cpu_kind": f.kind, "vector_bits": f.vector_bits, "bf16_units": ",".join(f.bf16_units) or "none",
             "fp16_units": ",".join(f.fp16_units) or "none", "amx": ",".join(f.amx) or "none",
-            "float16_compute": f.float16_compute()[0], "float16_gate": _gate_state(), "features_from": f.source}
+            "float16_compute": chosen + (" (bfloat16 measured slower)" if measured else ""),
+            "float16_gate": _gate_state(), "features_from": f.source}
 
 
 def _gate_state() -> str:

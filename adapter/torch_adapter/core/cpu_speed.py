@@ -1,0 +1,134 @@
+"""Is bfloat16 faster than float32 on this CPU? One measurement per machine, kept on disk.
+
+Flags say which units a CPU has, not how fast torch's kernels use them. Measured on this project's
+Xeon: with oneDNN capped at ``AVX512_CORE_BF16`` (as on a VM that hides AMX) a bfloat16 256² matmul
+takes 0.41 ms against 0.32 ms in float32 and a 3×3 convolution 0.98 against 0.62 ms, where an EPYC
+with the same avx512_bf16 flag runs bfloat16 3.8× faster than float32. So where the flags choose
+bfloat16 for float16 work (:mod:`torch_adapter.routing.low_precision`, ``float16_compute="auto"``),
+this check times a matmul and a convolution in both dtypes once, and bfloat16 is used only if it is
+faster (:data:`MARGIN`). ~20 ms, once: the answer is stored in the start-up cache
+(:mod:`.disk_cache`) under everything it depends on — torch's version and build, the CPU's flags,
+the thread count and the variables that cap torch's kernels (``ATEN_CPU_CAPABILITY``,
+``ONEDNN_MAX_CPU_ISA``, …) — and read back by later processes (launcher ranks, notebook kernels).
+
+``TORCH_ADAPTER_SPEED_CHECK=off``: no measurement, the flags decide alone (also what
+:func:`~.cpu_features.forced` blocks get: a forced kind is decided by its table, as tests need).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Speed", "bfloat16_speed", "decide", "ENV", "MARGIN"]
+
+ENV = "TORCH_ADAPTER_SPEED_CHECK"
+# bfloat16 counts as faster when its products take under this share of float32's time (geometric
+# mean over the matmul and the convolution): a CPU where they are about even keeps float32, whose
+# numerics are closer to float16's.
+MARGIN = 0.9
+# Variables that change which kernels torch runs, hence the answer.
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+              "MKL_CBWR", "ONEDNN_DEFAULT_FPMATH_MODE")
+_OFF = ("0", "off", "false", "no")
+_LOCK = threading.Lock()
+_KNOWN: dict[str, Speed] = {}  # key text -> answer, per process
+
+
+@dataclass(frozen=True)
+class Speed:
+    """The measured answer: per-product best times (ms) in each dtype, and the verdict."""
+
+    float32_ms: dict[str, float]
+    bfloat16_ms: dict[str, float]
+    ratio: float  # geometric mean of bfloat16 / float32 over the products
+    faster: bool  # ratio < MARGIN
+    threads: int
+    source: str  # "measured" (this process) or "cache"
+
+    def text(self) -> str:
+        """``'a 512² mm 0.41 vs 0.32 ms, a 3×3 conv 0.98 vs 0.62 ms (bfloat16 vs float32)'``"""
+        names = {"mm_512": "a 512² mm", "conv3x3_64ch_32px": "a 3×3 conv"}
+        parts = [f"{names.get(k, k)} {self.bfloat16_ms[k]:.2f} vs {self.float32_ms[k]:.2f} ms"
+                 for k in self.float32_ms]
+        return ", ".join(parts) + f" (bfloat16 vs float32, {self.threads} thread{'s' if self.threads != 1 else ''})"
+
+
+def decide(float32_ms: dict[str, float], bfloat16_ms: dict[str, float], threads: int, source: str) -> Speed:
+    """The verdict from per-product best times (pure; :func:`bfloat16_speed` measures them)."""
+    ratios = [bfloat16_ms[k] / float32_ms[k] for k in float32_ms if float32_ms[k] > 0 and bfloat16_ms.get(k, 0) > 0]
+    ratio = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else 1.0
+    return Speed(dict(float32_ms), dict(bfloat16_ms), round(ratio, 4), ratio < MARGIN, threads, source)
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "").strip().lower() not in _OFF
+
+
+def _key() -> dict[str, Any]:
+    import torch
+
+    from .cpu_features import _detect
+
+    real = _detect(None)  # this machine's flags, whatever an override says
+    return {"check": 1, "torch": str(torch.__version__), "git": str(getattr(torch.version, "git_version", "")),
+            "machine": platform.machine(), "flags": sorted(real.flags), "threads": torch.get_num_threads(),
+            "env": {k: os.environ.get(k, "") for k in KERNEL_ENV}}
+
+
+def _measure(reps: int = 5) -> tuple[dict[str, float], dict[str, float]]:
+    """Best-of-``reps`` ms of each product in float32 and bfloat16, interleaved (a local generator:
+    the program's random stream is untouched; no autograd, no autocast)."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    inputs = {torch.float32: (torch.randn(512, 512, generator=g), torch.randn(1, 64, 32, 32, generator=g),
+                              torch.randn(64, 64, 3, 3, generator=g))}
+    inputs[torch.bfloat16] = tuple(t.bfloat16() for t in inputs[torch.float32])
+    products = {"mm_512": lambda a, x, w: a @ a, "conv3x3_64ch_32px": lambda a, x, w: F.conv2d(x, w, padding=1)}
+    best: dict[torch.dtype, dict[str, float]] = {d: {k: math.inf for k in products} for d in inputs}
+    with torch.inference_mode(), torch.autocast("cpu", enabled=False):
+        for _ in range(reps + 1):  # the first round warms the kernels up (oneDNN's primitive cache)
+            for dtype, args in inputs.items():
+                for name, product in products.items():
+                    t0 = time.perf_counter()
+                    product(*args)
+                    best[dtype][name] = min(best[dtype][name], (time.perf_counter() - t0) * 1e3)
+    return ({k: round(v, 4) for k, v in best[torch.float32].items()},
+            {k: round(v, 4) for k, v in best[torch.bfloat16].items()})
+
+
+def bfloat16_speed() -> Speed | None:
+    """This machine's answer (measured once, then from the cache); None when the check is off."""
+    if not enabled():
+        return None
+    import json
+
+    from . import disk_cache
+
+    key = _key()
+    text = json.dumps(key, sort_keys=True)
+    with _LOCK:
+        known = _KNOWN.get(text)
+        if known is not None:
+            return known
+        data = disk_cache.load("speed", key)
+        speed = None
+        if isinstance(data, dict):
+            try:
+                speed = decide(data["float32_ms"], data["bfloat16_ms"], int(data["threads"]), "cache")
+            except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                speed = None  # an entry of another shape: measured again, rewritten
+        if speed is None:
+            fp32, bf16 = _measure()
+            speed = decide(fp32, bf16, key["threads"], "measured")
+            disk_cache.store("speed", key, {"float32_ms": fp32, "bfloat16_ms": bf16, "threads": key["threads"]},
+                             plain=True)
+        _KNOWN[text] = speed
+        return speed

@@ -1,0 +1,87 @@
+"""The one-off bfloat16-vs-float32 check (core/cpu_speed.py): where the flags choose bfloat16 for
+float16 work, a CPU whose bfloat16 kernels are not faster keeps float32 — measured once per machine,
+kept in the start-up cache, read back by later processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from torch_adapter.core import cpu_speed, disk_cache
+from torch_adapter.core.cpu_features import forced
+from torch_adapter.routing.low_precision import compute_dtype
+
+
+def test_the_verdict_is_the_geometric_mean_against_the_margin():
+    fp32 = {"mm_512": 1.0, "conv3x3_64ch_32px": 2.0}
+    fast = cpu_speed.decide(fp32, {"mm_512": 0.25, "conv3x3_64ch_32px": 0.8}, 1, "measured")
+    assert fast.faster and fast.ratio == pytest.approx((0.25 * 0.4) ** 0.5, abs=1e-4)
+    slow = cpu_speed.decide(fp32, {"mm_512": 1.3, "conv3x3_64ch_32px": 1.6}, 1, "measured")
+    assert not slow.faster and slow.ratio > 1
+    even = cpu_speed.decide(fp32, {"mm_512": 0.95, "conv3x3_64ch_32px": 1.9}, 1, "measured")
+    assert not even.faster  # within MARGIN: float32, closer to float16's numerics
+    assert "a 512² mm 1.30 vs 1.00 ms" in slow.text() and "1 thread)" in slow.text()
+
+
+_CHILD = """
+import json, torch
+from torch_adapter.core import cpu_speed
+from torch_adapter.routing.low_precision import compute_dtype
+torch.manual_seed(0)
+s = cpu_speed.bfloat16_speed()
+dtype, why = compute_dtype("auto")
+print(json.dumps({"source": s and s.source, "faster": s and s.faster, "dtype": str(dtype), "why": why,
+                  "rng": torch.randn(1).item()}))
+"""
+
+
+def _child(tmp_path, **env: str) -> dict:
+    full = {**os.environ, disk_cache.ENV_DIR: str(tmp_path), disk_cache.ENV_SWITCH: "on",
+            "TORCH_ADAPTER_CPU_FEATURES": "avx512_bf16"}
+    full.pop(cpu_speed.ENV, None)
+    full.update(env)
+    done = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=300, env=full)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_measured_once_then_read_back_keyed_by_what_caps_the_kernels(tmp_path):
+    first = _child(tmp_path)
+    assert first["source"] == "measured"
+    assert first["dtype"] == ("torch.bfloat16" if first["faster"] else "torch.float32")
+    assert ("measured no faster" in first["why"]) == (not first["faster"])
+    again = _child(tmp_path)
+    assert again["source"] == "cache" and again["faster"] == first["faster"]
+    assert again["rng"] == first["rng"]  # the program's random stream is not touched by the check
+    assert len(list(tmp_path.glob("speed-*.json"))) == 1
+    capped = _child(tmp_path, ATEN_CPU_CAPABILITY="avx2")  # other kernels: its own entry, measured
+    assert capped["source"] == "measured" and len(list(tmp_path.glob("speed-*.json"))) == 2
+    off = _child(tmp_path, TORCH_ADAPTER_SPEED_CHECK="off")
+    assert off["source"] is None and off["dtype"] == "torch.bfloat16"  # the flags alone
+
+
+def test_a_cpu_whose_bfloat16_is_slower_keeps_float32_with_the_reason(tmp_path, monkeypatch):
+    """The verdict a slow-bf16 machine measured (stored as the check stores it) decides the session."""
+    monkeypatch.setenv(disk_cache.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv(disk_cache.ENV_SWITCH, "on")  # (the suite runs with the start-up cache off)
+    monkeypatch.delenv(cpu_speed.ENV, raising=False)
+    monkeypatch.setattr(cpu_speed, "_KNOWN", {})
+    key = cpu_speed._key()
+    assert disk_cache.store("speed", key, {"float32_ms": {"mm_512": 0.32, "conv3x3_64ch_32px": 0.62},
+                                           "bfloat16_ms": {"mm_512": 0.41, "conv3x3_64ch_32px": 0.98},
+                                           "threads": key["threads"]}, plain=True)
+    monkeypatch.setenv("TORCH_ADAPTER_CPU_FEATURES", "avx512_bf16")
+    dtype, why = compute_dtype("auto")
+    assert str(dtype) == "torch.float32"
+    assert "bfloat16 kernels measured no faster than float32 here (a 512² mm 0.41 vs 0.32 ms" in why, why
+    with forced("avx512_bf16"):  # a forced kind: its table alone (what the tests of each kind rely on)
+        assert str(compute_dtype("auto")[0]) == "torch.bfloat16"
+    (path,) = tmp_path.glob("speed-*.json")
+    path.write_text("{not json")  # a corrupt entry: measured again and rewritten
+    monkeypatch.setattr(cpu_speed, "_KNOWN", {})
+    assert cpu_speed.bfloat16_speed().source == "measured"
+    assert json.loads(path.read_text())["key"] == key
