@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Speed", "bfloat16_speed", "decide", "ENV", "MARGIN"]
+__all__ = ["Speed", "bfloat16_speed", "decide", "float16_compute", "ENV", "MARGIN"]
 
 ENV = "TORCH_ADAPTER_SPEED_CHECK"
 # bfloat16 counts as faster when its products take under this share of float32's time (geometric
@@ -132,3 +132,21 @@ def bfloat16_speed() -> Speed | None:
                              plain=True)
         _KNOWN[text] = speed
         return speed
+
+
+def float16_compute() -> tuple[str, str]:
+    """(dtype name, why) for ``float16_compute="auto"``: the flags' choice (:mod:`.cpu_features`),
+    and where it is bfloat16, this check's verdict (float32 when bfloat16 is not faster here).
+    Callers inside the routing layer run it under ``routing.internal.internal()`` (its ops are ours)."""
+    from .cpu_features import cpu_features, is_forced
+
+    name, why = cpu_features().float16_compute()
+    if name != "bfloat16" or is_forced():
+        return name, why
+    speed = bfloat16_speed()
+    if speed is None:
+        return name, why
+    if not speed.faster:
+        return "float32", (f"{why}, but its bfloat16 kernels measured no faster than float32 here "
+                           f"({speed.text()}; one-off check, {ENV}=off skips it)")
+    return name, f"{why}; measured: bfloat16 products take {speed.ratio:.0%} of float32's time"

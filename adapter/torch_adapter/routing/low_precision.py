@@ -102,25 +102,15 @@ def compute_dtype(policy: str) -> tuple[torch.dtype | None, str]:
     ``auto``: the CPU's flags choose (:mod:`~torch_adapter.core.cpu_features`); where they choose
     bfloat16, a one-off measurement (:mod:`~torch_adapter.core.cpu_speed`, cached on disk) keeps
     float32 on a CPU whose bfloat16 kernels are not faster (a VM hiding AMX, an emulation)."""
-    from ..core.cpu_features import cpu_features, is_forced
+    from ..core.cpu_speed import float16_compute
+    from .internal import internal
 
     if policy == "float16":
         return None, "float16_compute='float16'"
     if policy in _NAMES:
         return _NAMES[policy], f"float16_compute={policy!r}"
-    name, why = cpu_features().float16_compute()
-    if name == "bfloat16" and not is_forced():
-        from ..core import cpu_speed
-        from .internal import internal
-
-        with internal():  # the check's products are ours: no routing report counts them
-            speed = cpu_speed.bfloat16_speed()
-        if speed is not None and not speed.faster:
-            return torch.float32, (f"{why}, but its bfloat16 kernels measured no faster than float32 here "
-                                   f"({speed.text()}; one-off check, {cpu_speed.ENV}=off skips it); "
-                                   "float16_compute='auto'")
-        if speed is not None:
-            why = f"{why}; measured: bfloat16 products take {speed.ratio:.0%} of float32's time"
+    with internal():  # the speed check's products are ours: no routing report counts them
+        name, why = float16_compute()
     return _NAMES.get(name), f"{why}; float16_compute='auto'"
 
 

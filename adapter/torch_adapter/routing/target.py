@@ -123,11 +123,12 @@ def cpu_details() -> dict[str, Any]:
     forced kind (``TORCH_ADAPTER_CPU_FEATURES``, ``cpu_features.forced``) shows."""
     from ..core.cpu_features import cpu_features
 
-    from .low_precision import compute_dtype
+    from ..core.cpu_speed import float16_compute
+    from .internal import internal
 
     f = cpu_features()
-    dtype, why = compute_dtype("auto")  # (the flags' choice, checked by one cached measurement where it is bf16)
-    chosen = str(dtype).replace("torch.", "") if dtype is not None else "float16"
+    with internal():  # (the flags' choice, checked by one cached measurement where it is bfloat16)
+        chosen, why = float16_compute()
     measured = "measured no faster" in why
     return {"cpu_kind": f.kind, "vector_bits": f.vector_bits, "bf16_units": ",".join(f.bf16_units) or "none",
             "fp16_units": ",".join(f.fp16_units) or "none", "amx": ",".join(f.amx) or "none",
