@@ -386,7 +386,8 @@ std::mutex g_cache_mutex;  // guards the caches; nothing under it calls Python o
 std::unordered_map<const c10::TensorImpl*, ParamCopies> g_params;
 std::unordered_map<const c10::TensorImpl*, Kept> g_outputs;
 size_t g_output_size = 16;
-uint64_t g_tick = 0, g_hits = 0, g_calls = 0;
+uint64_t g_tick = 0, g_hits = 0;
+std::atomic<uint64_t> g_calls{0};  // rewritten calls (now and then a sweep of dead parameters)
 
 // Tensors taken out of the caches are released after the lock (a tensor's last reference may free memory).
 struct Released {
@@ -590,7 +591,7 @@ void rewrite(const Gate& gate, size_t index, const c10::OperatorHandle& op, c10:
       value = rewrite_cast_up(value.toTensor(), dtype);
     }
   }
-  if ((++g_calls & 4095) == 0) {  // now and then: parameters that died since
+  if (((g_calls.fetch_add(1, std::memory_order_relaxed) + 1) & 4095) == 0) {  // now and then: parameters that died since
     Released released;
     std::lock_guard<std::mutex> lock(g_cache_mutex);
     sweep_params_locked(released);

@@ -75,24 +75,28 @@ _SMALL_MACS = 1 << 20
 _SMALL_CONV_MACS = 1 << 22
 
 
-def _mm_macs(args: tuple) -> int:
-    a, b = args[-2], args[-1]  # mm(a, b), addmm(bias, a, b): the two factors (bmm: batch included)
+# op -> (size rule, the two factors' argument positions): 1 = a product of args[ia] (any shape) and
+# args[ib] (its last dim: bmm's batch included); 2 = a convolution of input args[ia] by weight args[ib].
+# One table for both rewrites: the Python kernel (_macs) and the C++ gate (_gate_spec).
+_SIZE_RULES: dict[str, tuple[int, int, int]] = {
+    "aten::mm": (1, 0, 1), "aten::bmm": (1, 0, 1), "aten::addmm": (1, 1, 2), "aten::baddbmm": (1, 1, 2),
+    "aten::convolution": (2, 0, 1)}
+
+
+def _macs(rule: tuple[int, int, int], args: tuple) -> int:
+    kind, ia, ib = rule
+    a, b = args[ia], args[ib]
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return _SMALL_MACS
-    return a.numel() * b.shape[-1]
+        return _SMALL_CONV_MACS  # not two tensors: never "small"
+    if kind == 1:
+        return a.numel() * b.shape[-1]
+    return a.numel() // max(a.shape[1], 1) * b.numel()  # ~ N*H*W positions x Cout*(Cin/groups)*kh*kw (stride 1)
 
 
-def _addmm_macs(args: tuple) -> int:
-    return _mm_macs(args[:3])
+def _small(name: str) -> int:
+    return _SMALL_CONV_MACS if name == "aten::convolution" else _SMALL_MACS
 
 
-def _conv_macs(args: tuple) -> int:
-    x, w = args[0], args[1]  # ~ N*H*W positions x Cout*(Cin/groups)*kh*kw weights (stride 1)
-    return x.numel() // max(x.shape[1], 1) * w.numel()
-
-
-_MACS = {"aten::mm": _mm_macs, "aten::bmm": _mm_macs, "aten::addmm": _addmm_macs, "aten::baddbmm": _addmm_macs,
-         "aten::convolution": _conv_macs}
 _NAMES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -142,9 +146,9 @@ class _Rewrite:
             self.dtype, self.why = dtype, why
             short = str(dtype).replace("torch.", "")
             def small(name: str) -> str:
-                if dtype is not torch.bfloat16 or name not in _MACS:
+                if dtype is not torch.bfloat16 or name not in _SIZE_RULES:
                     return ""
-                return f"; products under {_SMALL_CONV_MACS if 'conv' in name else _SMALL_MACS:,} multiply-adds in float32"
+                return f"; products under {_small(name):,} multiply-adds in float32"
 
             def reason(name: str) -> str:
                 if name in FP32_OPS:
@@ -170,7 +174,6 @@ class _Rewrite:
         originals = {name: tp.host_kernel(name, "CPU") for name in OPS}
         originals = {name: k for name, k in originals.items() if k is not None}  # None: not in this build
         gate = half_gate.load()
-        global _convert
         if gate is not None:
             self.gate_names = list(originals)
             gate.capture([_gate_spec(n) for n in self.gate_names], "CPU")
@@ -185,7 +188,6 @@ class _Rewrite:
                 gate.set_note(None)
                 raise
             self.gate = gate
-            _convert = gate.convert if gate.fused_casts() else None
             self.gate_state = "cpp"
             self.registered = True
             return
@@ -196,7 +198,6 @@ class _Rewrite:
         except BaseException:
             lib._destroy()
             raise
-        _convert = None
         self.libs.append(lib)
         self.registered = True
         self.gate_state = half_gate.ensure_built()
@@ -215,13 +216,11 @@ class _Rewrite:
 
     def set_output_cache_size(self, size: int) -> None:
         """How many recent float16 outputs keep their compute-dtype originals (0: none; tests)."""
-        self.outputs.size = size
-        if self.gate is not None:
-            self.gate.set_output_cache_size(size)
+        self.outputs.size, self.outputs.hits = size, 0
         if size == 0:
             self.outputs.clear()
-        self.outputs.hits = 0
         if self.gate is not None:
+            self.gate.set_output_cache_size(size)
             self.gate.reset_hits()
 
     def restored(self) -> None:
@@ -249,8 +248,8 @@ class _Rewrite:
     def _kernel(self, name: str, original: Any, outputs: tuple[int, ...] | None) -> Any:
         keep = _FP32_INPUTS.get(name)
 
-        size = _MACS.get(name)
-        small = _SMALL_CONV_MACS if name == "aten::convolution" else _SMALL_MACS
+        rule = _SIZE_RULES.get(name)
+        small = _small(name)
         fp32 = name in FP32_OPS
         flag = _UNCHANGED_IF_TRUE.get(name)
 
@@ -258,7 +257,7 @@ class _Rewrite:
             dtype = self.dtype
             if dtype is None or not _all_half(args, kwargs, keep) or (flag is not None and args[flag]):
                 return original.call_boxed(keyset, *args, **kwargs)
-            if fp32 or (dtype is torch.bfloat16 and size is not None and size(args) < small):
+            if fp32 or (dtype is torch.bfloat16 and rule is not None and _macs(rule, args) < small):
                 dtype = torch.float32  # a tiny product: bf16 kernels' set-up costs more than float32's work
             self._note(name)
             down = self.cast
@@ -320,11 +319,9 @@ class _Rewrite:
 def _gate_spec(name: str) -> tuple:
     """The C++ gate's rewrite spec of ``name`` (the same rules as the Python kernel's; _half_gate.cpp Gate)."""
     outputs = OPS[name]
-    size = {"aten::mm": (1, 0, 1), "aten::bmm": (1, 0, 1), "aten::addmm": (1, 1, 2), "aten::baddbmm": (1, 1, 2),
-            "aten::convolution": (2, 0, 1)}.get(name, (0, 0, 1))
-    small = _SMALL_CONV_MACS if name == "aten::convolution" else _SMALL_MACS
     return (name, _FP32_INPUTS.get(name, -1), _UNCHANGED_IF_TRUE.get(name, -1),
-            [0] if outputs is None else list(outputs), name in FP32_OPS, *size, small)
+            [0] if outputs is None else list(outputs), name in FP32_OPS, *_SIZE_RULES.get(name, (0, 0, 1)),
+            _small(name))
 
 
 _HOOKS: tuple[Any, Any, Any] | None = None
@@ -356,33 +353,18 @@ def _all_half(args: tuple, kwargs: dict, keep: int | None) -> bool:
                for v in kwargs.values())
 
 
-# The gate extension's one-pass float16 <-> bfloat16 cast where this CPU takes it (F16C + AVX512-BF16),
-# set by _Rewrite._register; None: two vectorised casts through float32.
-_convert: Any = None
-
-
-def _one_pass(a: torch.Tensor) -> torch.Tensor | None:
-    """``a`` (float16 or bfloat16) in the other dtype in one pass, or None (not here, not this tensor)."""
-    return _convert(a) if _convert is not None else None
-
-
 def _down(a: Any, dtype: torch.dtype) -> Any:
     if not (isinstance(a, torch.Tensor) and a.dtype is _HALF):
         return a
     if dtype is torch.float32:
         return a.float()
-    # else float16 -> bfloat16 through float32: two vectorised casts are 3x faster than torch's direct one
-    out = _one_pass(a)
-    return a.float().to(dtype) if out is None else out
+    return a.float().to(dtype)  # through float32: two vectorised casts are 3x faster than torch's direct one
 
 
 def _up(a: Any, dtype: torch.dtype) -> Any:
     if not (isinstance(a, torch.Tensor) and a.dtype is dtype):
         return a
-    if dtype is torch.float32:
-        return a.half()
-    out = _one_pass(a)
-    return a.float().half() if out is None else out
+    return a.half() if dtype is torch.float32 else a.float().half()
 
 
 def apply(session: Any) -> None:
