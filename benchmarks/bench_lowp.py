@@ -80,8 +80,8 @@ def _env(kind: str, threads: int) -> dict[str, str]:
     return env
 
 
-def _sample(config: str, program: str, kind: str, args: argparse.Namespace, folder: str) -> tuple[float, float]:
-    """(wall, process CPU) milliseconds, each the median of the sample's timed calls."""
+def _sample(config: str, program: str, kind: str, args: argparse.Namespace, folder: str) -> tuple[float, float, float]:
+    """(wall, process CPU) milliseconds and minor page faults per call, each the median of the sample's timed calls."""
     name, _, size = program.partition("@")  # class_images@64: the pipeline at 64 px; validation:wide: SD-like UNet width
     name, _, variant = name.partition(":")
     cmd = [sys.executable, *CONFIGS[config], str(PROGRAMS), name, "--steps", str(args.steps), "--folder", folder,
@@ -92,7 +92,7 @@ def _sample(config: str, program: str, kind: str, args: argparse.Namespace, fold
     if done.returncode != 0 or line is None:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     got = json.loads(line)
-    return statistics.median(got["ms"]), statistics.median(got["cpu_ms"])
+    return statistics.median(got["ms"]), statistics.median(got["cpu_ms"]), statistics.median(got["minor_faults"])
 
 
 def _ratios(samples: dict[str, list[float]]) -> dict:
@@ -108,15 +108,17 @@ def measure(program: str, kind: str, args: argparse.Namespace, folder: str) -> d
     names = args.configs.split(",")
     wall: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
+    faults: dict[str, list[float]] = {n: [] for n in names}
     for r in range(args.rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
-            w, c = _sample(name, program, kind, args, folder)
+            w, c, f = _sample(name, program, kind, args, folder)
             wall[name].append(w)
             cpu[name].append(c)
+            faults[name].append(f)
         if not args.quiet:
             print(f"  {program}/{kind} round {r + 1}: " + ", ".join(
-                f"{n} {wall[n][-1]:.0f} ms (cpu {cpu[n][-1]:.0f})" for n in names), flush=True)
-    return {"ms": wall, **_ratios(wall), "cpu": {"ms": cpu, **_ratios(cpu)}}
+                f"{n} {wall[n][-1]:.0f} ms (cpu {cpu[n][-1]:.0f}, {faults[n][-1]:.0f} faults)" for n in names), flush=True)
+    return {"ms": wall, **_ratios(wall), "cpu": {"ms": cpu, **_ratios(cpu)}, "minor_faults_per_call": faults}
 
 
 def speed_table(kind: str, threads: int, pin: int = -1) -> dict:

@@ -9,13 +9,15 @@ path, the adapter the float16 one. Random weights from configs, no downloads.
     python benchmarks/lowp_programs.py build --folder DIR   # the tiny pipeline (and DIR/wide), saved once
     python -m torch_adapter run benchmarks/lowp_programs.py validation --folder DIR --wide --size 64
 
-Prints one JSON line: ``{"program", "ms": [wall per timed call], "cpu_ms": [process CPU], "dtype", "size"}``.
+Prints one JSON line: ``{"program", "ms": [wall per timed call], "cpu_ms": [process CPU], "minor_faults": [per call],
+"dtype", "size"}``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import time
 
 import torch
@@ -31,7 +33,7 @@ def _unet_config(channels: tuple[int, ...] = (64, 128), sample: int = 32, cross:
                 attention_head_dim=8, norm_num_groups=32)
 
 
-def unet(steps: int) -> tuple[list[float], list[float]]:
+def unet(steps: int) -> tuple[list[float], list[float], list[int]]:
     """The issue's program: a small SD UNet forward, weights ``.to(device, dtype)``, ``torch.autocast(device)``."""
     from diffusers import UNet2DConditionModel
 
@@ -74,7 +76,7 @@ def build(folder: str) -> None:
     pipe.save_pretrained(Path(folder) / "wide")
 
 
-def pipeline(folder: str, steps: int, autocast: bool, size: int = 32) -> tuple[list[float], list[float]]:
+def pipeline(folder: str, steps: int, autocast: bool, size: int = 32) -> tuple[list[float], list[float], list[int]]:
     """DreamBooth class images (``torch_dtype`` by device) or LoRA/ControlNet validation (the same
     under ``torch.autocast(device)``): 4 denoising steps per image, ``size`` pixels square (the tiny
     VAE halves it: 32 px gives 16x16 latents, 64 px 32x32)."""
@@ -93,16 +95,21 @@ def pipeline(folder: str, steps: int, autocast: bool, size: int = 32) -> tuple[l
     return _timed(call, steps)
 
 
-def _timed(call, steps: int) -> tuple[list[float], list[float]]:
-    """Wall and process CPU milliseconds per call (CPU time: what a loaded machine disturbs least)."""
+def _timed(call, steps: int) -> tuple[list[float], list[float], list[int]]:
+    """Wall and process CPU milliseconds per call (CPU time: what a loaded machine disturbs least), and
+    the minor page faults per call: glibc's heap may hand memory back and fault it in again every call,
+    in some processes and not others (0 to ~2,800 faults per call of the tiny pipeline in plain torch,
+    ~5 us each here), the main cause of the spread between fresh interpreters."""
     call()  # warm-up (first-call allocations, kernel choices)
-    wall, cpu = [], []
+    wall, cpu, faults = [], [], []
     for _ in range(steps):
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0, c0 = time.perf_counter(), time.process_time()
         call()
         wall.append((time.perf_counter() - t0) * 1e3)
         cpu.append((time.process_time() - c0) * 1e3)
-    return wall, cpu
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    return wall, cpu, faults
 
 
 def main() -> None:
@@ -117,11 +124,11 @@ def main() -> None:
         build(args.folder)
         return
     if args.program == "unet":
-        ms, cpu = unet(args.steps)
+        ms, cpu, faults = unet(args.steps)
     else:
         folder = f"{args.folder}/wide" if args.wide else args.folder
-        ms, cpu = pipeline(folder, args.steps, autocast=args.program == "validation", size=args.size)
-    print(json.dumps({"program": args.program, "ms": ms, "cpu_ms": cpu, "dtype": str(DTYPE), "size": args.size,
+        ms, cpu, faults = pipeline(folder, args.steps, autocast=args.program == "validation", size=args.size)
+    print(json.dumps({"program": args.program, "ms": ms, "cpu_ms": cpu, "minor_faults": faults, "dtype": str(DTYPE), "size": args.size,
                       "wide": args.wide}))
 
 
