@@ -95,6 +95,20 @@ def pipeline(folder: str, steps: int, autocast: bool, size: int = 32) -> tuple[l
     return _timed(call, steps)
 
 
+PROFILE_CALLS = 0  # --profile N: after the timed calls, N more under torch.profiler (lowp_attribution.py)
+PROFILED: dict[str, list[float]] = {}
+
+
+def _profiled(call, calls: int) -> dict[str, list[float]]:
+    """aten op -> [self CPU microseconds per call of the program, op calls per call] over ``calls`` calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            call()
+    return {e.key: [e.self_cpu_time_total / calls, e.count / calls] for e in prof.key_averages()}
+
+
 def _timed(call, steps: int) -> tuple[list[float], list[float], list[int]]:
     """Wall and process CPU milliseconds per call (CPU time: what a loaded machine disturbs least), and
     the minor page faults per call: glibc's heap may hand memory back and fault it in again every call,
@@ -109,6 +123,8 @@ def _timed(call, steps: int) -> tuple[list[float], list[float], list[int]]:
         wall.append((time.perf_counter() - t0) * 1e3)
         cpu.append((time.process_time() - c0) * 1e3)
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    if PROFILE_CALLS:
+        PROFILED.update(_profiled(call, PROFILE_CALLS))
     return wall, cpu, faults
 
 
@@ -119,7 +135,11 @@ def main() -> None:
     parser.add_argument("--folder")
     parser.add_argument("--size", type=int, default=32, help="pipeline image size in pixels (latents: half)")
     parser.add_argument("--wide", action="store_true", help="the pipeline with the SD-like UNet width (build makes both)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="then N calls under torch.profiler: per-op self times in the JSON's 'ops'")
     args = parser.parse_args()
+    global PROFILE_CALLS
+    PROFILE_CALLS = args.profile
     if args.program == "build":
         build(args.folder)
         return
@@ -129,7 +149,7 @@ def main() -> None:
         folder = f"{args.folder}/wide" if args.wide else args.folder
         ms, cpu, faults = pipeline(folder, args.steps, autocast=args.program == "validation", size=args.size)
     print(json.dumps({"program": args.program, "ms": ms, "cpu_ms": cpu, "minor_faults": faults, "dtype": str(DTYPE), "size": args.size,
-                      "wide": args.wide}))
+                      "wide": args.wide, **({"ops": PROFILED} if PROFILED else {})}))
 
 
 if __name__ == "__main__":

@@ -154,3 +154,34 @@ def test_a_pinned_child_runs_on_the_cpu_it_was_given():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          preexec_fn=harness.pinned(cpus[0])).stdout
     assert out.strip() == str([cpus[0]])
+
+
+def test_lowp_attribution_sums_real_profiles_by_group():
+    """The op-by-op attribution (benchmarks/lowp_attribution.py) over two real torch.profiler runs:
+    every op's difference is adapted - plain, the groups partition the ops, and their sums add up."""
+    import torch
+
+    from benchmarks import lowp_attribution, lowp_programs
+
+    a = torch.randn(64, 64)
+
+    def plain() -> None:
+        torch.mm(a, a).add(a)
+
+    def adapted() -> None:
+        torch.mm(a.half().float(), a).add(a).to(torch.float16)
+
+    samples = {"plain": [{"ops": lowp_programs._profiled(plain, 2), "ms": [1.0]} for _ in range(2)],
+               "adapted": [{"ops": lowp_programs._profiled(adapted, 2), "ms": [2.0]} for _ in range(2)]}
+    got = lowp_attribution.attribute(samples, {"aten::mm"})
+    assert got["per_op_us"]["aten::mm"]["calls"] == 1  # once per program call
+    assert got["per_op_us"]["aten::_to_copy"]["plain"] == 0 and got["per_op_us"]["aten::_to_copy"]["adapted"] > 0
+    for row in got["per_op_us"].values():
+        assert row["difference"] == pytest.approx(row["adapted"] - row["plain"])
+    groups = got["groups_us"]
+    assert set(groups) == {"rewritten", "casts", "other"}
+    assert groups["rewritten"]["plain"] == pytest.approx(got["per_op_us"]["aten::mm"]["plain"])
+    for key in ("plain", "adapted", "difference"):
+        assert sum(g[key] for g in groups.values()) == pytest.approx(got["total_us"][key])
+    assert sum(g["share_of_difference"] for g in groups.values()) == pytest.approx(1.0)
+    assert got["wall_ms"] == {"plain": 1.0, "adapted": 2.0}

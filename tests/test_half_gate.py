@@ -146,6 +146,37 @@ def test_the_cpu_kernels_are_torchs_own_again_after_the_session(gate):
     assert not gate.installed()
 
 
+def test_float32_calls_take_torchs_own_kernels_unboxed_and_another_kernel_is_kept(gate):
+    """The typed fast paths: a float32 call of mm/addmm/bmm/baddbmm/_softmax/flash attention gives
+    plain torch's bits; an override already on the CPU key when the session starts (here a counting
+    kernel on aten::bmm) keeps being called for float32 calls — the fast path never bypasses it."""
+    torch.manual_seed(0)
+    a, b3 = torch.randn(5, 7), torch.randn(3, 5, 5)
+    q = torch.randn(1, 2, 6, 8)
+    calls = lambda: (torch.mm(a, a.t()), torch.addmm(a, a, torch.eye(7), beta=0.5, alpha=2.0),  # noqa: E731
+                     torch.bmm(b3, b3), torch.baddbmm(b3, b3, b3, beta=2.0), torch._softmax(a, -1, False),
+                     F.scaled_dot_product_attention(q, q, q, is_causal=True))
+    want = calls()
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu"):
+        assert "_half_gate.cpp" in _cpu_kernel_text("aten::addmm")
+        got = calls()
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+    seen = []
+    own = torch.library.get_kernel("aten::bmm", "CPU")
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        lib.impl("bmm", lambda ks, x, y: (seen.append(x.dtype), own.call_boxed(ks, x, y))[1], "CPU", with_keyset=True)
+        with forced("avx512_bf16"), torch_adapter.adapted("cpu"):
+            assert "_half_gate.cpp" in _cpu_kernel_text("aten::bmm")  # the gate sits on top of the override
+            torch.testing.assert_close(torch.bmm(b3, b3), want[2], rtol=0, atol=0)
+            half = torch.bmm(b3.half(), b3.half())  # rewritten (a tiny product: in float32), by the override
+        assert seen == [torch.float32, torch.float32] and half.dtype is torch.float16
+    finally:
+        lib._destroy()
+
+
 def test_a_missing_gate_is_built_once_in_the_background(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setattr(half_gate, "_EXT", None)
