@@ -10,6 +10,8 @@ an 8-token prompt with the KV cache, under ``torch.no_grad()``, written the CUDA
 - ``redirect``    ``adapted(target="cpu")`` (goal >= 99.5 %)
 - ``observe``     redirect + ``trace()`` around each block on the real target (goal >= 95 %)
 - ``simulated``   ``adapted(target="mps", simulate=True)`` (goal >= 90 %)
+- ``redirect_nogate`` redirect with ``float16_compute="float16"`` (no float16 gate on the CPU's heavy
+  ops): ``redirect`` against it is what the gate's pass-through of float32 calls costs
 - ``rf_floor``    redirect + a RecordFunction callback that does nothing: the floor under ``observe``
   (RecordFunction's own cost per dispatcher call, which any exact counter built on it pays)
 
@@ -189,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                harness.Configuration("rf_floor", redirect.context, "cuda",
                                      "adapted(target='cpu') + a RecordFunction callback that does nothing (observe's floor)",
                                      None, timed=_record_function_floor()),
+               harness.adapted("cpu", name="redirect_nogate", float16_compute="float16"),
                harness.plain(name="plain_again")]
     args.configs = args.configs or "plain,redirect,observe,simulated"
     out_dir = Path(__file__).parent / "results"

@@ -37,6 +37,7 @@ class Probe:
     name: str
     answer: Any  # what it returns under the adapter on a non-CUDA target, or KEEP
     why: str
+    gone_in: str | None = None  # the library's version that no longer has it (older ones still patched)
 
 
 _FA = "flash-attn's kernels are CUDA-only; the model uses torch SDPA"
@@ -81,7 +82,7 @@ PROBES: tuple[Probe, ...] = (
     Probe(_ACC, "is_bitsandbytes_multi_backend_available", False, _BNB),
     Probe(_ACC, "is_transformer_engine_available", False, "Transformer Engine FP8 kernels are CUDA-only"),
     Probe(_ACC, "is_transformer_engine_mxfp8_available", False, "Transformer Engine FP8 kernels are CUDA-only"),
-    Probe(_ACC, "is_msamp_available", False, "MS-AMP FP8 is CUDA-only"),
+    Probe(_ACC, "is_msamp_available", False, "MS-AMP FP8 is CUDA-only", gone_in="1.16.0"),
     Probe(_ACC, "is_fp8_available", False, "FP8 training backends (TE, MS-AMP, torchao float8) need CUDA GPUs"),
     Probe(_ACC, "is_triton_available", False, _TRITON),
     Probe(_ACC, "is_cuda_available", KEEP,
