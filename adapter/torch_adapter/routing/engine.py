@@ -148,45 +148,60 @@ class Engine:
         return False
 
     def _install(self) -> None:
-        """(Re)register the overrides. The new kernels go on top of the old ones before those
-        are destroyed, so an op running on another thread meanwhile always meets one of
-        them (never a gap where it would run unrouted)."""
-        old_libs, self._libs = self._libs, {}
-        try:
-            overrides = self._register_overrides()
-        finally:
-            for lib in old_libs.values():
-                lib._destroy()
-        self.overrides = overrides
+        """(Re)register the overrides. Each kernel reads its op's decision from ``self.overrides``
+        when called, so a new policy over the same ops (``configure(fallback=...)``) only replaces
+        the decisions: no kernel is deregistered — deregistering a Python kernel while another
+        thread runs it frees it under that thread (a crash in torch). When the set of ops changes,
+        the new kernels go on top of the old ones before those are destroyed, so an op running on
+        another thread meanwhile always meets one of them (never a gap where it would run unrouted)."""
+        decided = self._decide_overrides()
+        if self._libs and decided.keys() == self.overrides.keys():
+            self.overrides = {name: d for name, (d, _) in decided.items()}
+        else:
+            old_libs, self._libs = self._libs, {}
+            try:
+                self.overrides = self._register_overrides(decided)
+            finally:
+                for lib in old_libs.values():
+                    lib._destroy()
         self.dtype_check.install(getattr(self._config, "dtype_check", "raise"))  # on top of the overrides
         for log in self.logs:
             log.dtype_note = self._dtype_note()
 
-    def _register_overrides(self) -> dict[str, RouteDecision]:
-        overrides: dict[str, RouteDecision] = {}
+    def _decide_overrides(self) -> dict[str, tuple[RouteDecision, Any]]:
+        """op name -> (its decision, its OpOverload) for every op this session must override now."""
+        decided: dict[str, tuple[RouteDecision, Any]] = {}
         snap = self._registry()
         for name in sorted(self._candidates()):
             d = decide_name(name, self.profile, snap, self.policy)
             if not self._needs_override(d):
                 continue
             try:
-                op = tp.resolve_op(name)
+                decided[name] = (d, tp.resolve_op(name))
             except AttributeError:  # in the YAML but not built into this torch
                 continue
+        remember(self.profile, ops_table.load_table(), snap, self.policy)  # decided: into the start-up cache
+        return decided
+
+    def _register_overrides(self, decided: dict[str, tuple[RouteDecision, Any]]) -> dict[str, RouteDecision]:
+        overrides = {name: d for name, (d, _) in decided.items()}
+        for name, (d, op) in decided.items():
             if name not in self._originals:  # fetched before our first kernel for it sits on top
                 self._originals[name] = tp.host_kernel(name, self.key)
             original = self._originals[name]
             ns = name.partition("::")[0]
             lib = self._libs.get(ns) or self._libs.setdefault(ns, tp.kernel_library(ns))
             tp.register_python_kernel(lib, name, self._kernel(d, op, original), self.key)
-            overrides[name] = d
-        remember(self.profile, ops_table.load_table(), snap, self.policy)  # decided: into the start-up cache
         return overrides
 
     # -- execution ---------------------------------------------------------------------------
     def _kernel(self, d: RouteDecision, op: Any, original: Any) -> Callable[..., Any]:
+        """The override of ``d.op``: runs its current decision (``d`` until the first is published,
+        and for a kernel a later set of ops has replaced, while a thread may still reach it)."""
+        name = d.op
+
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
-            return self.run(d, op, original, keyset, args, kwargs)
+            return self.run(self.overrides.get(name, d), op, original, keyset, args, kwargs)
 
         kernel.__name__ = f"torch_adapter_{d.route.value}_{d.op}"
         return kernel
