@@ -80,18 +80,32 @@ def _env(kind: str, threads: int) -> dict[str, str]:
     return env
 
 
-def _sample(config: str, program: str, kind: str, args: argparse.Namespace, folder: str) -> tuple[float, float, float]:
-    """(wall, process CPU) milliseconds and minor page faults per call, each the median of the sample's timed calls."""
+def run_program(config: str, program: str, kind: str, args: argparse.Namespace, folder: str,
+                extra: tuple[str, ...] = ()) -> dict:
+    """One fresh interpreter running ``program`` (``NAME[:wide][@PIXELS]``) under ``config`` and the
+    kind's environment, pinned to ``args.pin``: the JSON line lowp_programs.py prints."""
     name, _, size = program.partition("@")  # class_images@64: the pipeline at 64 px; validation:wide: SD-like UNet width
     name, _, variant = name.partition(":")
     cmd = [sys.executable, *CONFIGS[config], str(PROGRAMS), name, "--steps", str(args.steps), "--folder", folder,
-           "--size", size or "32", *(["--wide"] if variant == "wide" else [])]
+           "--size", size or "32", *(["--wide"] if variant == "wide" else []), *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, env=_env(kind, args.threads), timeout=900,
                           preexec_fn=harness.pinned(args.pin))
     line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
     if done.returncode != 0 or line is None:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    got = json.loads(line)
+    return json.loads(line)
+
+
+def build_pipelines(programs: list[str], folder: str, threads: int) -> None:
+    """The tiny pipelines the programs but ``unet`` load, saved once into ``folder``."""
+    if {p.partition("@")[0].partition(":")[0] for p in programs} - {"unet"}:
+        subprocess.run([sys.executable, str(PROGRAMS), "build", "--folder", folder], check=True,
+                       capture_output=True, env=_env("native", threads))
+
+
+def _sample(config: str, program: str, kind: str, args: argparse.Namespace, folder: str) -> tuple[float, float, float]:
+    """(wall, process CPU) milliseconds and minor page faults per call, each the median of the sample's timed calls."""
+    got = run_program(config, program, kind, args, folder)
     return statistics.median(got["ms"]), statistics.median(got["cpu_ms"]), statistics.median(got["minor_faults"])
 
 
@@ -159,9 +173,7 @@ def main(argv: list[str] | None = None) -> int:
               "pinned_cpu": args.pin if args.pin >= 0 else None, "rounds": args.rounds, "steps": args.steps}
     t0 = time.time()
     with tempfile.TemporaryDirectory() as folder:
-        if {p.partition("@")[0].partition(":")[0] for p in args.programs.split(",")} - {"unet"}:
-            subprocess.run([sys.executable, str(PROGRAMS), "build", "--folder", folder], check=True,
-                           capture_output=True, env=_env("native", args.threads))
+        build_pipelines(args.programs.split(","), folder, args.threads)
         for kind in kinds:
             env = KINDS[kind][0]
             entry = result["kinds"][kind] = {"emulated_by": env or None, "programs": {}}

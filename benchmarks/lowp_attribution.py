@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,20 +35,6 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import bench_lowp, harness  # noqa: E402
 
 CASTS = ("aten::to", "aten::_to_copy", "aten::copy_")
-
-
-def _sample(config: str, program: str, kind: str, args: argparse.Namespace, folder: str) -> dict:
-    name, _, size = program.partition("@")
-    name, _, variant = name.partition(":")
-    cmd = [sys.executable, *bench_lowp.CONFIGS[config], str(bench_lowp.PROGRAMS), name, "--steps", str(args.steps),
-           "--folder", folder, "--size", size or "32", "--profile", str(args.calls),
-           *(["--wide"] if variant == "wide" else [])]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=bench_lowp._env(kind, args.threads), timeout=900,
-                          preexec_fn=harness.pinned(args.pin))
-    line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
-    if done.returncode != 0 or line is None:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(line)
 
 
 def attribute(samples: dict[str, list[dict]], rewritten: set[str]) -> dict:
@@ -100,12 +85,11 @@ def main(argv: list[str] | None = None) -> int:
               "pinned_cpu": args.pin if args.pin >= 0 else None}
     samples: dict[str, list[dict]] = {"plain": [], "adapted": []}
     with tempfile.TemporaryDirectory() as folder:
-        if args.program.partition("@")[0].partition(":")[0] != "unet":
-            subprocess.run([sys.executable, str(bench_lowp.PROGRAMS), "build", "--folder", folder], check=True,
-                           capture_output=True, env=bench_lowp._env("native", args.threads))
+        bench_lowp.build_pipelines([args.program], folder, args.threads)
         for r in range(args.rounds):
             for config in (("plain", "adapted") if r % 2 == 0 else ("adapted", "plain")):
-                samples[config].append(_sample(config, args.program, args.kind, args, folder))
+                samples[config].append(bench_lowp.run_program(config, args.program, args.kind, args, folder,
+                                                                   ("--profile", str(args.calls))))
             print(f"  round {r + 1}: " + ", ".join(
                 f"{c} {statistics.median(s[-1]['ms']):.0f} ms" for c, s in samples.items()), flush=True)
     result.update(attribute(samples, set(OPS)))

@@ -33,7 +33,7 @@ def _unet_config(channels: tuple[int, ...] = (64, 128), sample: int = 32, cross:
                 attention_head_dim=8, norm_num_groups=32)
 
 
-def unet(steps: int) -> tuple[list[float], list[float], list[int]]:
+def unet(steps: int, profile: int = 0) -> dict:
     """The issue's program: a small SD UNet forward, weights ``.to(device, dtype)``, ``torch.autocast(device)``."""
     from diffusers import UNet2DConditionModel
 
@@ -47,7 +47,7 @@ def unet(steps: int) -> tuple[list[float], list[float], list[int]]:
         with torch.no_grad(), torch.autocast(DEVICE, enabled=DEVICE == "cuda"):
             model(x, t, encoder_hidden_states=text)
 
-    return _timed(call, steps)
+    return _timed(call, steps, profile)
 
 
 def build(folder: str) -> None:
@@ -76,7 +76,7 @@ def build(folder: str) -> None:
     pipe.save_pretrained(Path(folder) / "wide")
 
 
-def pipeline(folder: str, steps: int, autocast: bool, size: int = 32) -> tuple[list[float], list[float], list[int]]:
+def pipeline(folder: str, steps: int, autocast: bool, size: int = 32, profile: int = 0) -> dict:
     """DreamBooth class images (``torch_dtype`` by device) or LoRA/ControlNet validation (the same
     under ``torch.autocast(device)``): 4 denoising steps per image, ``size`` pixels square (the tiny
     VAE halves it: 32 px gives 16x16 latents, 64 px 32x32)."""
@@ -92,11 +92,7 @@ def pipeline(folder: str, steps: int, autocast: bool, size: int = 32) -> tuple[l
         with torch.autocast(DEVICE, enabled=autocast and DEVICE == "cuda"):
             pipe("red circle", num_inference_steps=4, height=size, width=size, generator=generator, output_type="np")
 
-    return _timed(call, steps)
-
-
-PROFILE_CALLS = 0  # --profile N: after the timed calls, N more under torch.profiler (lowp_attribution.py)
-PROFILED: dict[str, list[float]] = {}
+    return _timed(call, steps, profile)
 
 
 def _profiled(call, calls: int) -> dict[str, list[float]]:
@@ -109,11 +105,12 @@ def _profiled(call, calls: int) -> dict[str, list[float]]:
     return {e.key: [e.self_cpu_time_total / calls, e.count / calls] for e in prof.key_averages()}
 
 
-def _timed(call, steps: int) -> tuple[list[float], list[float], list[int]]:
+def _timed(call, steps: int, profile: int = 0) -> dict:
     """Wall and process CPU milliseconds per call (CPU time: what a loaded machine disturbs least), and
     the minor page faults per call: glibc's heap may hand memory back and fault it in again every call,
     in some processes and not others (0 to ~2,800 faults per call of the tiny pipeline in plain torch,
-    ~5 us each here), the main cause of the spread between fresh interpreters."""
+    ~5 us each here), the main cause of the spread between fresh interpreters. ``profile``: then that
+    many calls under torch.profiler, per-op self times under ``ops`` (lowp_attribution.py)."""
     call()  # warm-up (first-call allocations, kernel choices)
     wall, cpu, faults = [], [], []
     for _ in range(steps):
@@ -123,9 +120,7 @@ def _timed(call, steps: int) -> tuple[list[float], list[float], list[int]]:
         wall.append((time.perf_counter() - t0) * 1e3)
         cpu.append((time.process_time() - c0) * 1e3)
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
-    if PROFILE_CALLS:
-        PROFILED.update(_profiled(call, PROFILE_CALLS))
-    return wall, cpu, faults
+    return {"ms": wall, "cpu_ms": cpu, "minor_faults": faults, **({"ops": _profiled(call, profile)} if profile else {})}
 
 
 def main() -> None:
@@ -138,18 +133,15 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="then N calls under torch.profiler: per-op self times in the JSON's 'ops'")
     args = parser.parse_args()
-    global PROFILE_CALLS
-    PROFILE_CALLS = args.profile
     if args.program == "build":
         build(args.folder)
         return
     if args.program == "unet":
-        ms, cpu, faults = unet(args.steps)
+        got = unet(args.steps, args.profile)
     else:
         folder = f"{args.folder}/wide" if args.wide else args.folder
-        ms, cpu, faults = pipeline(folder, args.steps, autocast=args.program == "validation", size=args.size)
-    print(json.dumps({"program": args.program, "ms": ms, "cpu_ms": cpu, "minor_faults": faults, "dtype": str(DTYPE), "size": args.size,
-                      "wide": args.wide, **({"ops": PROFILED} if PROFILED else {})}))
+        got = pipeline(folder, args.steps, autocast=args.program == "validation", size=args.size, profile=args.profile)
+    print(json.dumps({"program": args.program, **got, "dtype": str(DTYPE), "size": args.size, "wide": args.wide}))
 
 
 if __name__ == "__main__":

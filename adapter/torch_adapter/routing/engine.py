@@ -155,12 +155,14 @@ class Engine:
         the new kernels go on top of the old ones before those are destroyed, so an op running on
         another thread meanwhile always meets one of them (never a gap where it would run unrouted)."""
         decided = self._decide_overrides()
-        if self._libs and decided.keys() == self.overrides.keys():
-            self.overrides = {name: d for name, (d, _) in decided.items()}
+        overrides = {name: d for name, (d, _) in decided.items()}
+        if self._libs and overrides.keys() == self.overrides.keys():
+            self.overrides = overrides
         else:
             old_libs, self._libs = self._libs, {}
             try:
-                self.overrides = self._register_overrides(decided)
+                self._register_overrides(decided)
+                self.overrides = overrides
             finally:
                 for lib in old_libs.values():
                     lib._destroy()
@@ -183,8 +185,7 @@ class Engine:
         remember(self.profile, ops_table.load_table(), snap, self.policy)  # decided: into the start-up cache
         return decided
 
-    def _register_overrides(self, decided: dict[str, tuple[RouteDecision, Any]]) -> dict[str, RouteDecision]:
-        overrides = {name: d for name, (d, _) in decided.items()}
+    def _register_overrides(self, decided: dict[str, tuple[RouteDecision, Any]]) -> None:
         for name, (d, op) in decided.items():
             if name not in self._originals:  # fetched before our first kernel for it sits on top
                 self._originals[name] = tp.host_kernel(name, self.key)
@@ -192,7 +193,6 @@ class Engine:
             ns = name.partition("::")[0]
             lib = self._libs.get(ns) or self._libs.setdefault(ns, tp.kernel_library(ns))
             tp.register_python_kernel(lib, name, self._kernel(d, op, original), self.key)
-        return overrides
 
     # -- execution ---------------------------------------------------------------------------
     def _kernel(self, d: RouteDecision, op: Any, original: Any) -> Callable[..., Any]:
