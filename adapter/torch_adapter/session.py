@@ -91,7 +91,10 @@ class AdapterSession:
     def _apply_low_precision(self) -> None:
         from .routing import low_precision
 
+        from .redirect import dtype_policy
+
         low_precision.apply(self)  # float16 heavy ops in the CPU's fast dtype (routing/low_precision.py)
+        dtype_policy.apply(self)  # what float16 requests give, from that decision (redirect/dtype_policy.py)
 
     def _apply_optimizations(self, old: Config | None) -> None:
         from .optimization import layer as optimizing
@@ -270,7 +273,8 @@ def install(target: str | Target = "auto", *, simulate: bool = False, **options:
     ``target`` is ``"auto"`` (the best present: cuda > npu > xpu > mps > cpu) or a name;
     ``simulate=True`` previews another backend's routing while executing on this machine.
     Options: ``amp_dtype`` ("auto" | "float16" | "bfloat16" | "float32"; or
-    ``mixed_precision`` "fp16" | "bf16" | "fp32" | None), ``fallback`` ("allow" | "warn" |
+    ``mixed_precision`` "fp16" | "bf16" | "fp32" | None), ``float16_compute`` ("auto" | "bfloat16" |
+    "float32" | "float16"), ``dtype_policy`` ("auto" | "float16" | "float32"), ``fallback`` ("allow" | "warn" |
     "error"), ``force_cpu``, ``deny``, ``propagate`` (adapt child processes too),
     ``communication_backend``, ``log_redirects``, the optimization layer (docs/tools.md):
     ``optimization_level`` ("conservative" | "balanced" | "aggressive"), ``fusion_patterns``,

@@ -19,7 +19,7 @@ from typing import Any
 
 from .._version import __version__
 from ..core.command import EXIT_USAGE, guarded
-from ..core.config import FLOAT16_COMPUTE, OPTIMIZATION_LEVELS
+from ..core.config import DTYPE_POLICIES, FLOAT16_COMPUTE, OPTIMIZATION_LEVELS
 
 __all__ = ["main", "build_parser"]
 
@@ -46,6 +46,9 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--float16-compute", default="auto", choices=FLOAT16_COMPUTE,
                    help="what the CPU computes float16 matmuls/convolutions/attention in (default auto: its "
                         "fast dtype; float16: off)")
+    p.add_argument("--dtype-policy", default="auto", choices=DTYPE_POLICIES,
+                   help="what a float16 request (.half(), dtype=torch.float16) gives on the CPU (default auto: "
+                        "float32 tensors where float16 is computed in float32; float16: as asked)")
     p.add_argument("--dtype-check", default="raise", choices=("raise", "record", "off"),
                    help="--simulate: a dtype the real target refuses raises its error (default), is recorded, or not checked")
     p.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")
@@ -60,7 +63,8 @@ def _run(args: argparse.Namespace) -> int:
     return run_script(args.script, args.args, module=args.module, target=args.target, simulate=args.simulate,
                       report=args.report, report_json=args.report_json, amp_dtype=args.amp_dtype,
                       fallback=args.fallback, optimization_level=args.optimize,
-                      float16_compute=args.float16_compute, dtype_check=args.dtype_check, exit_guard=True)
+                      float16_compute=args.float16_compute, dtype_policy=args.dtype_policy,
+                      dtype_check=args.dtype_check, exit_guard=True)
 
 
 def _add_targets(sub: Any) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import UsageError, did_you_mean, format_error
 
-__all__ = ["CHILD_SETTINGS_ENV", "encode_child_settings", "Config", "make_config", "AMP_POLICIES", "FLOAT16_COMPUTE",
+__all__ = ["CHILD_SETTINGS_ENV", "encode_child_settings", "Config", "make_config", "AMP_POLICIES", "FLOAT16_COMPUTE", "DTYPE_POLICIES", "float16_tensors",
            "OPTIMIZATION_LEVELS", "MEMORY_STRATEGIES", "DEBUG_MODES",
            "MIXED_PRECISION", "FUSION_PATTERNS", "COLLECTIVE_BACKENDS", "collective_backends"]
 
@@ -30,6 +30,17 @@ AMP_POLICIES = ("auto", "float16", "bfloat16", "float32")
 # What the float16 matmul/convolution/attention calls compute in on the CPU (routing/low_precision.py):
 # "auto" the CPU's fast dtype (core/cpu_features.py), "float16" = off (computed as asked).
 FLOAT16_COMPUTE = ("auto", "bfloat16", "float32", "float16")
+# What a float16 request (.half(), dtype=torch.float16, autocast float16) gives on a CPU target
+# (redirect/dtype_policy.py): "auto" float32 where float16 is computed in float32, else float16.
+DTYPE_POLICIES = ("auto", "float16", "float32")
+
+
+def float16_tensors(policy: str, compute: str | None) -> str:
+    """What a float16 request on a real CPU target gives under dtype ``policy`` when float16 heavy ops
+    compute in ``compute`` ("bfloat16", "float32"; None: as float16): "float32" or "float16"."""
+    if policy == "auto":
+        return "float32" if compute == "float32" else "float16"
+    return policy
 OPTIMIZATION_LEVELS = ("conservative", "balanced", "aggressive")
 # "low" is the older spelling of gradient checkpointing (kept: prepare() and profiles use it).
 MEMORY_STRATEGIES = ("default", "reuse", "aggressive", "low")
@@ -52,6 +63,9 @@ class Config:
     # float16 heavy ops (matmul family, convolution, attention) on the CPU computed in the CPU's
     # fast dtype, tensors staying float16: auto | bfloat16 | float32 | float16 (off).
     float16_compute: str = "auto"
+    # What float16 requests give on a CPU target: auto (float32 tensors where float16 is computed
+    # in float32, float16 elsewhere) | float16 (as asked) | float32.
+    dtype_policy: str = "auto"
     # Fallback policy for ops the target lacks (routing engine): allow | warn | error.
     fallback: str = "allow"
     force_cpu: tuple[str, ...] = ()
@@ -93,6 +107,7 @@ class Config:
 
 _NAMES = frozenset(f.name for f in fields(Config)) - {"extra"}
 _CHOICES: dict[str, tuple[Any, ...]] = {"amp_dtype": AMP_POLICIES, "float16_compute": FLOAT16_COMPUTE,
+                                        "dtype_policy": DTYPE_POLICIES,
                                         "fallback": ("allow", "warn", "error"),
                                         "dtype_check": ("raise", "record", "off"),
                                         "optimization_level": OPTIMIZATION_LEVELS,
@@ -102,6 +117,7 @@ _CHOICES: dict[str, tuple[Any, ...]] = {"amp_dtype": AMP_POLICIES, "float16_comp
 _WHY = {"amp_dtype": "it decides what autocast('cuda', float16) becomes on the target",
         "propagate": "it decides whether child processes are adapted too",
         "float16_compute": "it decides what the CPU computes float16 matmuls, convolutions and attention in",
+        "dtype_policy": "it decides what dtype a float16 request (.half(), dtype=torch.float16) gives on the CPU",
         "fallback": "it decides what happens when the target lacks an op",
         "dtype_check": "it decides what a simulated target does with a dtype its real backend refuses"}
 

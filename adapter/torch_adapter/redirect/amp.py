@@ -84,11 +84,16 @@ def _patch_autocast(session: Any, target_type: str) -> None:
                       cache_enabled: bool | None = None) -> None:
         if isinstance(device_type, str) and device_type.startswith("cuda"):
             new_dtype = effective_dtype(policy(), target_type, dtype)
+            why = f"amp_dtype={policy()}"
+            mapper = session.device_mapper
+            if new_dtype == torch.float16 and policy() == "auto" and mapper.half_as is not None:
+                # the dtype policy's float16 (redirect/dtype_policy.py): float16 tensors are float32 here
+                new_dtype, why = mapper.half_as, f"amp_dtype=auto; {mapper.half_why}"
             if new_dtype == torch.float32:
                 enabled = False
             log.record("amp", f"autocast('cuda', {_short(dtype) if dtype else 'default=float16'})",
                        f"autocast('{target_type}', {_short(new_dtype)}){' disabled' if not enabled else ''}"
-                       f" [amp_dtype={policy()}]", depth=3)
+                       f" [{why}]", depth=3)
             device_type, dtype = target_type, (new_dtype if enabled else None)
             self._torch_adapter_redirected = enabled
         orig_autocast_init(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)

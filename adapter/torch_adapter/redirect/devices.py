@@ -30,6 +30,7 @@ from ..core import torch_private as _tp
 from ..core import caller_warnings
 from ..core.caller_warnings import as_caller
 from ..core.patching import mark_stand_in
+from . import dtype_policy
 
 __all__ = ["DeviceMapper", "apply"]
 
@@ -61,6 +62,9 @@ class DeviceMapper:
         self.moved_hook: Any = None
         self._devices: dict[int | None, torch.device] = {}
         self.device(None)  # now, outside any mode of the program
+        # what a float16 request gives (None: float16): set by redirect/dtype_policy.apply
+        self.half_as: torch.dtype | None = None
+        self.half_why = ""
 
     def device(self, index: int | None) -> torch.device:
         # made once per index: torch.device(...) is itself a torch function, so building one per
@@ -104,6 +108,18 @@ class DeviceMapper:
         return new
 
 
+    def dtype(self, dt: Any, asked: str) -> Any:
+        """``dt`` under the dtype policy (redirect/dtype_policy.py): float16 → ``half_as`` where set."""
+        if dt is not _HALF or self.half_as is None:
+            return dt
+        if self.log.enabled:
+            self.log.record("dtype", asked, f"{str(self.half_as)[6:]} [{self.half_why}]", depth=4)
+        return self.half_as
+
+
+_HALF = torch.float16
+
+
 def _spell(dev: Any) -> str:
     """'cuda:0' for torch.device('cuda', 0): how users write it."""
     return repr(str(dev)) if isinstance(dev, _DEVICE) else repr(dev)
@@ -131,6 +147,8 @@ def _wrap_device_kwarg(orig: Callable, mapper: DeviceMapper, label: str, *, prot
         redirected = dev is not None and mapper.is_cuda(dev) or type(dev) is int
         if redirected:
             kwargs["device"] = mapper.map(dev, f"{label}(device={_spell(dev)})", ints=True)
+            if kwargs.get("dtype") is _HALF and mapper.half_as is not None:  # float16 *on the device*: the
+                kwargs["dtype"] = mapper.dtype(_HALF, f"{label}(dtype=torch.float16)")  # dtype policy's dtype
         if protocol:
             # __torch_function__ is handed the function the program called, as torch does for
             # its own Python functions: ``func is torch.zeros_like`` holds in a subclass or a
@@ -171,6 +189,7 @@ def _checked(mapper: DeviceMapper, moved: Any, source: Any = None) -> Any:
 
 
 _DTYPE = torch.dtype
+_HALF_TYPES = ("torch.HalfTensor", "torch.cuda.HalfTensor")
 
 
 def _looks_like_device(arg: Any) -> bool:
@@ -194,6 +213,7 @@ def apply(session: Any) -> DeviceMapper:
     _patch_factories(p, mapper)
     _patch_tensor_to(p, mapper, orig_to)
     _patch_tensor_methods(p, mapper, orig_to)
+    dtype_policy.patch(p, mapper, orig_to)
     _patch_generator(p, mapper)
     _patch_load(p, mapper)
     _patch_storages(p, mapper)
@@ -226,6 +246,8 @@ def _patch_tensor_to(p: Any, mapper: DeviceMapper, orig_to: Any) -> None:
 
     def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if not kwargs and (not args or type(args[0]) is _DTYPE):  # x.to(dtype), the common call: no device
+            if args and args[0] is _HALF and mapper.half_as is not None:
+                return orig_to(self, mapper.dtype(_HALF, "Tensor.to(torch.float16)"), *args[1:])
             return orig_to(self, *args)
         redirected = False
         if args and _looks_like_device(args[0]) and mapper.is_cuda(args[0]) or (args and type(args[0]) is int):
@@ -234,6 +256,11 @@ def _patch_tensor_to(p: Any, mapper: DeviceMapper, orig_to: Any) -> None:
         dev = kwargs.get("device")
         if dev is not None and (mapper.is_cuda(dev) or type(dev) is int):
             kwargs["device"] = mapper.map(dev, f"Tensor.to(device={_spell(dev)})", ints=True)
+        if mapper.half_as is not None:
+            moved = redirected or dev is not None and kwargs["device"] is not dev
+            new_args, new_kwargs = dtype_policy.to_args(mapper, self, args, kwargs, moved)
+            redirected = redirected or new_args is not args or new_kwargs is not kwargs
+            args, kwargs = new_args, new_kwargs
         if redirected or dev is not None and kwargs["device"] is not dev:
             return _checked(mapper, _as_caller(orig_to, (self, *args), kwargs), self)
         return orig_to(self, *args, **kwargs)
@@ -252,6 +279,9 @@ def _patch_tensor_methods(p: Any, mapper: DeviceMapper, orig_to: Any) -> None:
         new = mapper.device(index)
         mapper.log.record("device", "Tensor.cuda()" if device is None else f"Tensor.cuda({device!r})",
                           str(new), depth=3)
+        if self.dtype is _HALF and mapper.half_as is not None:
+            return orig_to(self, new, mapper.dtype(_HALF, "Tensor.cuda() of a float16 tensor"),
+                           non_blocking=non_blocking, memory_format=memory_format)
         return _checked(mapper, orig_to(self, new, non_blocking=non_blocking, memory_format=memory_format), self)
 
     p.set(T, "cuda", cuda)
@@ -279,6 +309,9 @@ def _patch_tensor_methods(p: Any, mapper: DeviceMapper, orig_to: Any) -> None:
 
     def type_(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
         name = getattr(dtype, "__torch_adapter_legacy__", dtype)
+        if mapper.half_as is not None and (name is _HALF or name in _HALF_TYPES):
+            return orig_to(self, mapper.device(None) if name == "torch.cuda.HalfTensor" else self.device,
+                           mapper.dtype(_HALF, f"Tensor.type({name!r})"), non_blocking=non_blocking)
         if isinstance(name, str) and name.startswith("torch.cuda."):
             cpu_name = "torch." + name[len("torch.cuda."):]
             new = mapper.device(None)
@@ -317,6 +350,8 @@ def _patch_module_to(p: Any, mapper: DeviceMapper) -> None:
             kwargs["device"] = mapper.map(dev, f"Module.to(device={_spell(dev)})", ints=True)
             moved = True
         out = orig(self, *args, **kwargs)
+        if moved and mapper.half_as is not None:
+            dtype_policy.module_moved(mapper, self)
         return _checked(mapper, out) if moved else out
 
     p.set(torch.nn.Module, "to", to)
@@ -342,6 +377,8 @@ def _patch_safetensors(p: Any, mapper: DeviceMapper) -> None:
                 dev = kwargs.get("device")
                 if isinstance(dev, (str, int, _DEVICE)) and (mapper.is_cuda(dev) or type(dev) is int):
                     kwargs["device"] = str(mapper.map(dev, f"{label}(device={_spell(dev)})", ints=True))
+                    if mapper.half_as is not None and label == "safetensors.load_file":
+                        return dtype_policy.loaded(mapper, orig(*args, **kwargs), f"{label}(device='cuda') of float16 tensors")
                 return orig(*args, **kwargs)
 
             return wrapper
@@ -390,6 +427,8 @@ def _patch_load(p: Any, mapper: DeviceMapper) -> None:
 
     @functools.wraps(orig_load)
     def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # onto the device: its float16 tensors take the dtype policy's dtype (redirect/dtype_policy.py)
+        onto = mapper.half_as is not None and (map_location is None or mapper.is_cuda(map_location))
         if map_location is None:
             map_location = cuda_location
         elif isinstance(map_location, (str, _DEVICE)):
@@ -413,7 +452,8 @@ def _patch_load(p: Any, mapper: DeviceMapper) -> None:
                 return cuda_location(storage, location) if result is None else result
 
             map_location = wrapped
-        return orig_load(f, map_location, *args, **kwargs)
+        out = orig_load(f, map_location, *args, **kwargs)
+        return dtype_policy.loaded(mapper, out, "torch.load() of float16 tensors onto the device") if onto else out
 
     p.set(torch, "load", load)
     if getattr(torch.serialization, "load", None) is orig_load:  # torch.load is re-exported from there
