@@ -10,7 +10,10 @@ validation (the same under ``torch.autocast(device)``), at 32 px (16x16 latents:
 of 8/16 make attention exp-bound and every op overhead-bound). Configurations:
 
 - ``plain``    ``python PROGRAM`` (float32 path);
-- ``adapted``  ``python -m torch_adapter run PROGRAM`` (float16 path, ``float16_compute="auto"``);
+- ``adapted``  ``python -m torch_adapter run PROGRAM`` (float16 path, ``float16_compute="auto"``: float16
+  tensors, heavy ops rewritten);
+- ``f32_tensors`` the same with ``--dtype-policy auto`` (float32 tensors where float16 is computed in float32);
+- ``bf16_plain`` plain torch running the program's CPU path in bfloat16 (the best a bfloat16 rewrite can reach);
 - ``fp16``     the same with ``--float16-compute float16`` (the off switch: float16 as the CPU computes it).
 
 Every sample is a fresh interpreter; rounds are interleaved (A B C C B A ...); a sample's value
@@ -55,7 +58,12 @@ KINDS = {
               "TORCH_ADAPTER_CPU_FEATURES": "avx2"}, ("avx2",)),
 }
 CONFIGS = {"plain": [], "adapted": ["-m", "torch_adapter", "run"],
-           "fp16": ["-m", "torch_adapter", "run", "--float16-compute", "float16"]}
+           "f32_tensors": ["-m", "torch_adapter", "run", "--dtype-policy", "auto"],
+           "fp16": ["-m", "torch_adapter", "run", "--float16-compute", "float16"],
+           "bf16_plain": []}
+# configurations that differ by environment: bf16_plain is plain torch running the program's CPU path
+# in bfloat16 (lowp_programs.py reads LOWP_PLAIN_DTYPE): what any bfloat16 rewrite could reach at best
+CONFIG_ENV = {"bf16_plain": {"LOWP_PLAIN_DTYPE": "bfloat16"}}
 _TABLE = r"""
 import json, time, torch, torch.nn.functional as F
 def t(f, n=15):
@@ -88,7 +96,8 @@ def run_program(config: str, program: str, kind: str, args: argparse.Namespace, 
     name, _, variant = name.partition(":")
     cmd = [sys.executable, *CONFIGS[config], str(PROGRAMS), name, "--steps", str(args.steps), "--folder", folder,
            "--size", size or "32", *(["--wide"] if variant == "wide" else []), *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(kind, args.threads), timeout=900,
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**_env(kind, args.threads), **CONFIG_ENV.get(config, {})},
+                          timeout=900,
                           preexec_fn=harness.pinned(args.pin))
     line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
     if done.returncode != 0 or line is None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import time
 
@@ -24,6 +25,8 @@ import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.float16 if DEVICE == "cuda" else torch.float32
+if DEVICE == "cpu" and os.environ.get("LOWP_PLAIN_DTYPE"):  # bench_lowp's bf16_plain: the CPU path in another dtype
+    DTYPE = getattr(torch, os.environ["LOWP_PLAIN_DTYPE"])
 
 
 def _unet_config(channels: tuple[int, ...] = (64, 128), sample: int = 32, cross: int = 64) -> dict:

@@ -19,6 +19,7 @@ from conftest import run_cli
 from torch_adapter.core.cpu_features import forced
 
 F16, F32 = torch.float16, torch.float32
+AUTO = {"dtype_policy": "auto"}  # (the default is "float16": tensors as the program asked)
 
 
 def _requests() -> dict[str, torch.dtype]:
@@ -47,7 +48,7 @@ def _requests() -> dict[str, torch.dtype]:
 
 
 def test_every_float16_request_gives_float32_where_float16_is_computed_in_float32():
-    with forced("avx2"), torch_adapter.adapted("cpu") as session:
+    with forced("avx2"), torch_adapter.adapted("cpu", **AUTO) as session:
         got = _requests()
         rows = [e for e in session.redirect_log.entries() if e.kind == "dtype"]
     assert got == {k: F32 for k in got}, {k: v for k, v in got.items() if v is not F32}
@@ -68,18 +69,18 @@ def test_every_float16_request_gives_float32_where_float16_is_computed_in_float3
     ("avx2", {"float16_compute": "float16"}, F16),  # the off switch of the rewrite: float16 as asked
 ])
 def test_each_kind_and_setting_gets_its_dtype(kind, options, expected):
-    with forced(kind), torch_adapter.adapted("cpu", **options):
+    with forced(kind), torch_adapter.adapted("cpu", **{**AUTO, **options}):
         got = _requests()
     assert set(got.values()) == {expected}, got
 
 
 def test_a_simulated_target_keeps_the_programs_dtypes():
-    with forced("avx2"), torch_adapter.adapted("mps", simulate=True):
+    with forced("avx2"), torch_adapter.adapted("mps", simulate=True, **AUTO):
         assert torch.randn(2, device="cuda").half().dtype is F16
 
 
 def test_configure_switches_the_policy_at_once_and_back():
-    with forced("avx2"), torch_adapter.adapted("cpu"):
+    with forced("avx2"), torch_adapter.adapted("cpu", **AUTO):
         assert torch.randn(2).half().dtype is F32
         torch_adapter.configure(dtype_policy="float16")
         assert torch.randn(2).half().dtype is F16
@@ -125,7 +126,7 @@ def test_the_device_aware_program_runs_its_float32_path_bit_for_bit():
     plain = _device_aware_unet()
     assert plain.dtype is F32
     watch = _HalfOps()
-    with forced("avx2"), torch_adapter.adapted("cpu") as session:
+    with forced("avx2"), torch_adapter.adapted("cpu", **AUTO) as session:
         with watch:
             adapted = _device_aware_unet()
         amp = [e.became for e in session.redirect_log.entries() if e.kind == "amp"]
@@ -137,10 +138,10 @@ def test_the_device_aware_program_runs_its_float32_path_bit_for_bit():
 
 
 def test_autocast_in_bfloat16_and_an_explicit_amp_dtype_are_left_as_asked():
-    with forced("avx2"), torch_adapter.adapted("cpu"):
+    with forced("avx2"), torch_adapter.adapted("cpu", **AUTO):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             assert torch.get_autocast_dtype("cpu") is torch.bfloat16 and torch.is_autocast_enabled("cpu")
-    with forced("avx2"), torch_adapter.adapted("cpu", amp_dtype="float16"):
+    with forced("avx2"), torch_adapter.adapted("cpu", amp_dtype="float16", **AUTO):
         with torch.autocast("cuda", dtype=F16):
             assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") is F16
 
@@ -152,7 +153,7 @@ def test_float16_tensors_loaded_onto_the_device_take_the_policys_dtype(tmp_path)
     sd._metadata = {"": {"version": 1}}  # type: ignore[attr-defined]
     torch.save({"model": sd, "step": 7}, tmp_path / "ckpt.pt")
     st.save_file(dict(sd), str(tmp_path / "w.safetensors"))
-    with forced("avx2"), torch_adapter.adapted("cpu"):
+    with forced("avx2"), torch_adapter.adapted("cpu", **AUTO):
         onto = torch.load(tmp_path / "ckpt.pt")  # a CUDA program's checkpoint: onto the device
         cuda = torch.load(tmp_path / "ckpt.pt", map_location="cuda")
         host = torch.load(tmp_path / "ckpt.pt", map_location="cpu")  # the host's: the file's dtypes
@@ -167,7 +168,7 @@ def test_float16_tensors_loaded_onto_the_device_take_the_policys_dtype(tmp_path)
 
 
 def test_bit_views_and_host_float16_are_left_alone():
-    with forced("avx2"), torch_adapter.adapted("cpu"):
+    with forced("avx2"), torch_adapter.adapted("cpu", **AUTO):
         x = torch.randn(4, device="cuda")
         assert x.view(torch.int16).view(F16).dtype is F16  # a reinterpretation, not a request
         assert torch.zeros(2, dtype=F16).dtype is F16  # float16 on the host, not on the device
@@ -176,9 +177,9 @@ def test_bit_views_and_host_float16_are_left_alone():
 
 
 def test_saved_weights_are_float32_under_the_policy_and_float16_without(tmp_path):
-    with forced("avx2"), torch_adapter.adapted("cpu"):
+    with forced("avx2"), torch_adapter.adapted("cpu", **AUTO):
         torch.save(torch.nn.Linear(2, 2).cuda().half().state_dict(), tmp_path / "a.pt")
-    with forced("avx2"), torch_adapter.adapted("cpu", dtype_policy="float16"):
+    with forced("avx2"), torch_adapter.adapted("cpu"):  # the default: float16 as asked
         torch.save(torch.nn.Linear(2, 2).cuda().half().state_dict(), tmp_path / "b.pt")
     assert {v.dtype for v in torch.load(tmp_path / "a.pt").values()} == {F32}
     assert {v.dtype for v in torch.load(tmp_path / "b.pt").values()} == {F16}
@@ -188,9 +189,9 @@ def test_targets_shows_what_float16_tensors_are():
     done = run_cli("targets", "--json", env={"TORCH_ADAPTER_CPU_FEATURES": "avx2"})
     assert done.returncode == 0, done.stderr
     cpu = next(r for r in json.loads(done.stdout) if r["name"] == "cpu")["details"]
-    assert cpu["float16_tensors"] == "float32 (dtype_policy='auto')"
+    assert cpu["float16_tensors"] == "float32 under dtype_policy='auto' (default: float16)"
     with forced("avx512_bf16"):
-        assert torch_adapter.describe("cpu")["details"]["float16_tensors"] == "float16 (dtype_policy='auto')"
+        assert torch_adapter.describe("cpu")["details"]["float16_tensors"] == "float16 under dtype_policy='auto' (default: float16)"
 
 
 def test_a_bad_policy_is_a_usage_error_naming_the_allowed_ones(tmp_path):
@@ -205,7 +206,7 @@ def test_a_bad_policy_is_a_usage_error_naming_the_allowed_ones(tmp_path):
     assert "invalid choice: 'fp16'" in done.stderr and "'auto', 'float16', 'float32'" in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize("flags, expected", [((), "torch.float32"), (("--dtype-policy", "float16"), "torch.float16")])
+@pytest.mark.parametrize("flags, expected", [(("--dtype-policy", "auto"), "torch.float32"), ((), "torch.float16")])
 def test_run_hands_the_policy_to_the_script(tmp_path, flags, expected):
     script = tmp_path / "s.py"
     script.write_text("import torch\nprint(torch.randn(2, device='cuda').half().dtype)\n")

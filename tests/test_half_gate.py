@@ -19,6 +19,10 @@ from torch_adapter.core.cpu_features import forced
 from torch_adapter.routing import half_gate, low_precision
 from torch_adapter.session import suspended
 
+# float16 tensors as the program asked on every kind: these tests are about the float16 rewrite, which
+# also serves where the dtype policy maps float16 requests to float32 (tests/test_dtype_policy.py)
+FLOAT16_TENSORS = {"dtype_policy": "float16"}
+
 pytestmark = pytest.mark.skipif(not (half_gate.is_built() or tp.can_build_extensions()),
                                 reason="no C++ compiler or ninja here: the Python kernels serve (tests/test_lowp.py)")
 
@@ -75,7 +79,7 @@ def test_with_the_gate_no_call_enters_python_but_those_a_log_must_record(backend
     a, x, w = torch.randn(16, 16), torch.randn(1, 4, 6, 6), torch.randn(4, 4, 3, 3)
     fp32_calls = lambda: (a @ a, F.conv2d(x, w), torch.softmax(a, -1), torch.addmm(a, a, a))  # noqa: E731
     fp16_calls = lambda: (a.half() @ a.half(), F.conv2d(x.half(), w.half()))  # noqa: E731
-    with forced("avx512_bf16"), torch_adapter.adapted("cpu") as s:
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu", **FLOAT16_TENSORS) as s:
         assert s.low_precision.gate_state == ("cpp" if backend == "cpp" else "off")
         assert ("_half_gate.cpp" in _cpu_kernel_text("aten::mm")) == (backend == "cpp")
         fp32 = _python_calls(fp32_calls)
@@ -99,7 +103,7 @@ def _program(kind: str):
     conv, lin = torch.nn.Conv2d(4, 8, 3, padding=1).half(), torch.nn.Linear(8, 8).half()
     x = torch.randn(2, 4, 6, 6, dtype=torch.half, requires_grad=True)
     out = {}
-    with forced(kind), torch_adapter.adapted("cpu"):
+    with forced(kind), torch_adapter.adapted("cpu", **FLOAT16_TENSORS):
         h = F.group_norm(conv(x), 4)
         seq = h.flatten(2).transpose(1, 2).contiguous().unflatten(-1, (2, 4)).transpose(1, 2)
         a = F.scaled_dot_product_attention(seq, seq, seq).transpose(1, 2).flatten(2)
@@ -133,7 +137,7 @@ def test_the_gate_changes_who_decides_not_the_answers(kind, monkeypatch, gate):
 
 def test_the_cpu_kernels_are_torchs_own_again_after_the_session(gate):
     before = {op: _cpu_kernel_text(op) for op in low_precision.OPS if tp.host_kernel(op, "CPU") is not None}
-    with forced("avx512_bf16"), torch_adapter.adapted("cpu") as s:
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu", **FLOAT16_TENSORS) as s:
         assert s.low_precision.gate is not None
         with suspended():
             assert {op: _cpu_kernel_text(op) for op in before} == before
@@ -157,7 +161,7 @@ def test_float32_calls_take_torchs_own_kernels_unboxed_and_another_kernel_is_kep
                      torch.bmm(b3, b3), torch.baddbmm(b3, b3, b3, beta=2.0), torch._softmax(a, -1, False),
                      F.scaled_dot_product_attention(q, q, q, is_causal=True))
     want = calls()
-    with forced("avx512_bf16"), torch_adapter.adapted("cpu"):
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu", **FLOAT16_TENSORS):
         assert "_half_gate.cpp" in _cpu_kernel_text("aten::addmm")
         got = calls()
     for w, g in zip(want, got):
@@ -168,7 +172,7 @@ def test_float32_calls_take_torchs_own_kernels_unboxed_and_another_kernel_is_kep
     lib = torch.library.Library("aten", "IMPL")
     try:
         lib.impl("bmm", lambda ks, x, y: (seen.append(x.dtype), own.call_boxed(ks, x, y))[1], "CPU", with_keyset=True)
-        with forced("avx512_bf16"), torch_adapter.adapted("cpu"):
+        with forced("avx512_bf16"), torch_adapter.adapted("cpu", **FLOAT16_TENSORS):
             assert "_half_gate.cpp" in _cpu_kernel_text("aten::bmm")  # the gate sits on top of the override
             torch.testing.assert_close(torch.bmm(b3, b3), want[2], rtol=0, atol=0)
             half = torch.bmm(b3.half(), b3.half())  # rewritten (a tiny product: in float32), by the override

@@ -20,6 +20,10 @@ from conftest import run_cli
 from torch_adapter.core import torch_private as tp
 from torch_adapter.core.cpu_features import cpu_features, forced
 
+# float16 tensors as the program asked on every kind: these tests are about the float16 rewrite, which
+# also serves where the dtype policy maps float16 requests to float32 (tests/test_dtype_policy.py)
+FLOAT16_TENSORS = {"dtype_policy": "float16"}
+
 # CUDA AMP's tolerance for a float16 model against its float32 reference; bfloat16 (8 significant
 # bits) rounds each product input to ~4e-3: a few roundings per output.
 AMP_TOL = dict(rtol=3e-2, atol=3e-2)
@@ -68,7 +72,7 @@ def _has_our_kernel(op: str = "aten::mm") -> bool:
 @pytest.mark.parametrize("kind", list(KIND_DECISION))
 def test_each_cpu_kind_gets_its_decision_and_amp_numerics(kind):
     with forced(kind):
-        with torch_adapter.adapted("cpu") as session:
+        with torch_adapter.adapted("cpu", **FLOAT16_TENSORS) as session:
             rewrite = session.low_precision
             assert rewrite.dtype == KIND_DECISION[kind]
             assert _has_our_kernel() == (KIND_DECISION[kind] is not None)
@@ -94,17 +98,17 @@ def test_the_optimization_levels_read_the_same_capability():
 
     with forced("avx2"):
         assert native_low_precision("cpu") is None
-        with torch_adapter.adapted("cpu", optimization_level="balanced") as s:
+        with torch_adapter.adapted("cpu", **FLOAT16_TENSORS, optimization_level="balanced") as s:
             assert s.optimizer_layer.plan["autocast"] is None  # bf16 is emulated there: no autocast
     with forced("avx512_bf16"):
         assert native_low_precision("cpu") is torch.bfloat16
-        with torch_adapter.adapted("cpu", optimization_level="balanced") as s:
+        with torch_adapter.adapted("cpu", **FLOAT16_TENSORS, optimization_level="balanced") as s:
             assert s.optimizer_layer.plan["autocast"] == "bfloat16"
 
 
 def test_rewritten_calls_show_in_the_routing_report_with_their_reason():
     model, x = _model_and_input()
-    with forced("avx512_bf16"), torch_adapter.adapted("cpu") as session:
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu", **FLOAT16_TENSORS) as session:
         model, x = model.cuda().half(), x.cuda().half()
         with torch_adapter.trace(use_observer=False) as log, torch.no_grad():
             model(x)
@@ -127,7 +131,7 @@ def test_rewritten_calls_show_in_the_routing_report_with_their_reason():
 def test_a_large_product_is_computed_in_bfloat16_a_tiny_one_in_float32():
     a, b = torch.randn(256, 256).half(), torch.randn(256, 256).half()
     small = torch.randn(2, 8).half()
-    with forced("avx512_bf16"), torch_adapter.adapted("cpu"):
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu", **FLOAT16_TENSORS):
         with torch_adapter.trace(use_observer=False) as log:
             big = a @ b
             tiny = small @ small.t()
@@ -144,7 +148,7 @@ def test_the_off_switch_leaves_float16_as_the_cpu_computes_it():
     with torch.no_grad():
         plain = model.half()(x.half())
     model, x = _model_and_input()
-    with forced("avx512_bf16"), torch_adapter.adapted("cpu", float16_compute="float16") as session:
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu", **FLOAT16_TENSORS, float16_compute="float16") as session:
         assert session.low_precision.dtype is None and not _has_our_kernel()
         y = _cuda_program(model, x)
         torch_adapter.configure(float16_compute="auto")  # and on again, at once
@@ -159,7 +163,7 @@ def test_float32_bfloat16_and_integer_calls_go_to_the_cpu_kernel_unchanged():
     a32, w = torch.randn(16, 32), torch.randn(8, 4, 3, 3)
     a16, x = a32.bfloat16(), torch.randn(1, 4, 5, 5)
     before = (a32 @ a32.t(), a16 @ a16.t(), F.conv2d(x, w))
-    with forced("avx2"), torch_adapter.adapted("cpu"):
+    with forced("avx2"), torch_adapter.adapted("cpu", **FLOAT16_TENSORS):
         assert _has_our_kernel()
         during = (a32 @ a32.t(), a16 @ a16.t(), F.conv2d(x, w))
     for b, d in zip(before, during):
@@ -172,7 +176,7 @@ def test_training_in_float16_gives_float16_grads_close_to_float32():
     ref_model, _ = _model_and_input()
     ref_model = ref_model.half().float()
     ref_model(x.half().float()).square().mean().backward()
-    with forced("avx512_bf16"), torch_adapter.adapted("cpu"):
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu", **FLOAT16_TENSORS):
         model = model.cuda().half()
         xin = x.cuda().half().requires_grad_()
         with torch_adapter.trace(use_observer=False) as log:
@@ -189,7 +193,7 @@ def test_a_parameter_is_cast_once_until_it_changes(gate, monkeypatch):
     _backend(gate, monkeypatch)
     lin = torch.nn.Linear(64, 64).half()
     x = torch.randn(64, 64).half()
-    with forced("avx512_bf16"), torch_adapter.adapted("cpu") as session, torch.no_grad():
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu", **FLOAT16_TENSORS) as session, torch.no_grad():
         rewrite = session.low_precision
         assert (rewrite.gate is not None) == (gate == "cpp")
         lin(x)
@@ -220,7 +224,7 @@ def _backend(gate: str, monkeypatch) -> None:
 
 
 def test_saved_weights_stay_float16(tmp_path):
-    with forced("avx512_bf16"), torch_adapter.adapted("cpu"):
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu", **FLOAT16_TENSORS):
         model = _Block().cuda().half()
         torch.save(model.state_dict(), tmp_path / "w.pt")
     assert {v.dtype for v in torch.load(tmp_path / "w.pt").values()} == {torch.float16}
@@ -272,7 +276,7 @@ def test_the_default_trace_counts_a_rewritten_call_once():
     """With the C++ observer (where it builds) the call is counted by the observer and by the
     kernel: trace() keeps the kernel's composite row and takes it off the observer's native count."""
     a = torch.randn(256, 256).half()
-    with forced("avx512_bf16"), torch_adapter.adapted("cpu"):
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu", **FLOAT16_TENSORS):
         with torch_adapter.trace() as log:
             a @ a
             a @ a
@@ -296,7 +300,7 @@ def test_group_norm_and_softmax_compute_in_float32_with_float16_in_and_out(kind)
     x, w, b = _norm_inputs()
     ref = [r.half() for r in _norm_program(x.float(), w.float(), b.float())]  # float32 math, rounded once
     xg = x.clone().requires_grad_()
-    with forced(kind), torch_adapter.adapted("cpu"):
+    with forced(kind), torch_adapter.adapted("cpu", **FLOAT16_TENSORS):
         with torch_adapter.trace(use_observer=False) as log:
             out = _norm_program(xg, w, b)
             out[0].float().square().sum().backward()
@@ -320,7 +324,7 @@ def test_group_norm_and_softmax_compute_in_float32_with_float16_in_and_out(kind)
 def test_the_off_switch_leaves_the_norms_as_the_cpu_computes_them():
     x, w, b = _norm_inputs()
     plain = _norm_program(x, w, b)
-    with forced("avx512_bf16"), torch_adapter.adapted("cpu", float16_compute="float16"):
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu", **FLOAT16_TENSORS, float16_compute="float16"):
         assert tp.python_kernel("aten::native_group_norm", "CPU") is None
         with torch_adapter.trace(use_observer=False) as log:
             off = _norm_program(x, w, b)
@@ -330,7 +334,7 @@ def test_the_off_switch_leaves_the_norms_as_the_cpu_computes_them():
 
 
 def test_softmax_asking_for_a_float32_output_is_the_cpus_answer():
-    with forced("avx512_bf16"), torch_adapter.adapted("cpu"):
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu", **FLOAT16_TENSORS):
         with pytest.raises(RuntimeError, match="half to float conversion is not supported on CPU"):
             torch._softmax(torch.randn(3, 3).half(), -1, True)
 
@@ -351,7 +355,7 @@ def test_a_chain_of_rewritten_ops_casts_once_and_gives_the_recast_answer(inplace
     torch.manual_seed(3)
     x = torch.randn(128, 256).half()
     a, b = torch.nn.Linear(256, 128).half(), torch.nn.Linear(128, 128).half()
-    with forced("avx512_bf16"), torch_adapter.adapted("cpu") as session, torch.no_grad():
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu", **FLOAT16_TENSORS) as session, torch.no_grad():
         rewrite = session.low_precision
         rewrite.set_output_cache_size(16)
         kept = _chain(x, a, b, inplace)
@@ -375,7 +379,7 @@ def test_inference_mode_tensors_are_rewritten_without_a_version_counter(kind):
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         ref = F.conv2d(conv(x).half().float(), w.half().float())
-    with forced(kind), torch_adapter.adapted("cpu"):
+    with forced(kind), torch_adapter.adapted("cpu", **FLOAT16_TENSORS):
         c, wc = conv.cuda(), w.cuda()
         with torch.inference_mode():
             w16 = wc.half()  # an inference tensor as a weight too

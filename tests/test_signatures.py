@@ -79,6 +79,7 @@ def _c_calls() -> dict[str, list[tuple[tuple, dict]]]:
         "Tensor.cuda": [((t,), {"device": None, "non_blocking": False, "memory_format": torch.preserve_format}),
                         ((t, 0), {})],
         "Tensor.pin_memory": [((t,), {})],
+        "Tensor.half": [((t,), {"memory_format": torch.preserve_format}), ((t,), {})],
         "Tensor.is_pinned": [((t,), {})],
         "Tensor.type": [((t,), {"dtype": "torch.DoubleTensor", "non_blocking": False}), ((t,), {})],
         "Tensor.record_stream": [((t,), {"s": torch.cuda.current_stream()})],  # the stand-in's stream
@@ -94,7 +95,9 @@ def _is_pure_forwarder(sig: inspect.Signature | None, method: bool) -> bool:
 
 
 def test_every_stand_in_accepts_the_originals_parameters():
-    session = torch_adapter.install("cpu")
+    # float16 as asked on every CPU kind: the answers are compared with torch's (tests/test_dtype_policy.py
+    # has what float16 requests give where the policy maps them)
+    session = torch_adapter.install("cpu", dtype_policy="float16")
     problems, c_stand_ins = [], {}
     for owner, name, orig, new in _patches(session):
         if not callable(orig) or orig is new:

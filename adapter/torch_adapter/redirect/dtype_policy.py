@@ -81,7 +81,7 @@ def patch(p: Any, mapper: Any, orig_to: Callable) -> None:
     orig_default = torch.set_default_dtype
 
     @functools.wraps(orig_default)
-    def set_default_dtype(d: Any) -> None:
+    def set_default_dtype(d: Any, /) -> None:
         return orig_default(mapper.dtype(d, "torch.set_default_dtype(torch.float16)") if d is _HALF else d)
 
     p.set(torch, "set_default_dtype", mark_stand_in(set_default_dtype, orig_default))
