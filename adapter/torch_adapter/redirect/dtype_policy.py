@@ -34,11 +34,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..core.config import DTYPE_POLICIES as POLICIES
 from ..core.config import float16_tensors
 from ..core.patching import mark_stand_in
 
-__all__ = ["POLICIES", "storage_dtype", "apply", "patch"]
+__all__ = ["storage_dtype", "apply", "patch", "to_args", "module_moved", "loaded"]
 
 _HALF = torch.float16
 
