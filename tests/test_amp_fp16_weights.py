@@ -25,6 +25,10 @@ import torch_adapter
 # bfloat16 has 8 significant bits: one rounding of a unit-scale value is ~4e-3; a Linear of 8
 # inputs adds a few such roundings.
 AMP_TOL = dict(rtol=2e-2, atol=3e-2)
+# These are CUDA autocast's float16 rules: float16 as asked on every CPU kind. Under the default
+# dtype policy (auto) a CPU without bf16 units runs autocast('cuda', float16) disabled, with float32
+# tensors (tests/test_dtype_policy.py), where none of these rules is reached.
+F16 = dict(dtype_policy="float16")
 
 
 def _ln_block() -> tuple[torch.nn.Module, torch.Tensor]:
@@ -78,7 +82,7 @@ def test_rms_norm_with_float16_weights_runs_in_float32_as_on_cuda():
     block = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.RMSNorm(8))
     x = torch.randn(4, 8)
     reference = _float32_reference(block, x)
-    with torch_adapter.adapted("cpu"):
+    with torch_adapter.adapted("cpu", **F16):
         y = _under_cuda_autocast(block, x)
     assert y.dtype == torch.float32
     torch.testing.assert_close(y, reference, **AMP_TOL)
@@ -95,7 +99,7 @@ def test_batch_norm_with_float16_weights_runs_in_their_dtype_and_updates_its_sta
     conv, bn = torch.nn.Conv2d(8, 8, 1).half(), norm().half()
     x = torch.randn(2, 8, 5, 5, dtype=torch.float16)
     stats = bn.running_mean
-    with torch_adapter.adapted("cpu", amp_dtype="bfloat16"):
+    with torch_adapter.adapted("cpu", amp_dtype="bfloat16", **F16):
         with torch.autocast("cuda", dtype=torch.float16):
             h = conv(x)
             y = bn(h)
@@ -112,7 +116,7 @@ def test_training_through_a_float32_layer_norm_under_cuda_autocast_gives_float32
     block, x = _ln_block()
     ref_block, _ = _ln_block()
     ref_block(x).square().mean().backward()
-    with torch_adapter.adapted("cpu"):
+    with torch_adapter.adapted("cpu", **F16):
         with torch.autocast("cuda", dtype=torch.float16):
             loss = block(x).square().mean()
         loss.backward()
@@ -148,14 +152,14 @@ def _assert_same_outcomes(got: list[object], want: list[object]) -> None:
 def test_uninstall_restores_plain_cpu_autocast_behaviour():
     before = _plain_cpu_autocast_outcomes()
     assert "mixed dtype" in before[0] and "mixed dtype" in before[1]  # plain CPU autocast's own answer
-    with torch_adapter.adapted("cpu"):
+    with torch_adapter.adapted("cpu", **F16):
         _under_cuda_autocast(*_ln_block())  # a redirected region registers the norm rules
         during = _plain_cpu_autocast_outcomes()  # ...which then hold in every CPU autocast region
         assert all(isinstance(o, torch.Tensor) and o.dtype == torch.float32 for o in during[:2])
     _assert_same_outcomes(_plain_cpu_autocast_outcomes(), before)
     for op in ("layer_norm", "group_norm", "batch_norm"):  # and no kernel of the session is left behind
         assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", "AutocastCPU")
-    with torch_adapter.adapted("cpu"):  # a second session registers them again
+    with torch_adapter.adapted("cpu", **F16):  # a second session registers them again
         assert _under_cuda_autocast(*_ln_block()).dtype == torch.float32
     _assert_same_outcomes(_plain_cpu_autocast_outcomes(), before)
 
@@ -167,7 +171,7 @@ def test_a_checkpointed_block_recomputes_with_the_dtypes_of_its_forward():
     from torch.utils.checkpoint import checkpoint
 
     block, x = _ln_block()
-    with torch_adapter.adapted("cpu"):
+    with torch_adapter.adapted("cpu", **F16):
         block = block.cuda()
         x = x.cuda().requires_grad_()
         with torch.autocast("cuda", dtype=torch.float16):
@@ -181,7 +185,7 @@ def test_the_rules_hold_in_a_compiled_region():
     are traced with it (aot_eager: the traced graph, run by eager kernels)."""
     block, x = _ln_block()
     block, x = block.half(), x.half()
-    with torch_adapter.adapted("cpu"):
+    with torch_adapter.adapted("cpu", **F16):
         with torch.autocast("cuda", dtype=torch.float16), torch.no_grad():
             eager = block(x)
 
@@ -209,7 +213,7 @@ def _promoting_step(lin: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 def test_float16_weights_meet_promoting_ops_under_the_default_policy():
     torch.manual_seed(4)
     lin, x = torch.nn.Linear(4, 4).half(), torch.randn(2, 4, dtype=torch.float16)
-    with torch_adapter.adapted("cpu") as session:  # amp_dtype="auto"
+    with torch_adapter.adapted("cpu", **F16) as session:  # amp_dtype="auto"
         y = _promoting_step(lin, x)
         rows = [e.became for e in session.redirect_log.entries() if e.kind == "amp"]
     assert y.dtype == torch.float16 and rows and "autocast('cpu', float16)" in rows[0]
@@ -220,6 +224,6 @@ def test_float16_weights_meet_promoting_ops_under_the_default_policy():
 
 def test_the_bfloat16_policy_still_rewrites_and_says_why_float16_weights_fail():
     lin, x = torch.nn.Linear(4, 4).half(), torch.randn(2, 4, dtype=torch.float16)
-    with torch_adapter.adapted("cpu", amp_dtype="bfloat16"):
+    with torch_adapter.adapted("cpu", amp_dtype="bfloat16", **F16):
         with pytest.raises(RuntimeError, match="prioritize"):  # CPU autocast's own refusal
             _promoting_step(lin, x)

@@ -19,7 +19,7 @@ from conftest import run_cli
 from torch_adapter.core.cpu_features import forced
 
 F16, F32 = torch.float16, torch.float32
-AUTO = {"dtype_policy": "auto"}  # (the default is "float16": tensors as the program asked)
+AUTO = {"dtype_policy": "auto"}  # the default, spelled out (the off switch: "float16", tensors as asked)
 
 
 def _requests() -> dict[str, torch.dtype]:
@@ -179,7 +179,7 @@ def test_bit_views_and_host_float16_are_left_alone():
 def test_saved_weights_are_float32_under_the_policy_and_float16_without(tmp_path):
     with forced("avx2"), torch_adapter.adapted("cpu", **AUTO):
         torch.save(torch.nn.Linear(2, 2).cuda().half().state_dict(), tmp_path / "a.pt")
-    with forced("avx2"), torch_adapter.adapted("cpu"):  # the default: float16 as asked
+    with forced("avx2"), torch_adapter.adapted("cpu", dtype_policy="float16"):  # the off switch: float16 as asked
         torch.save(torch.nn.Linear(2, 2).cuda().half().state_dict(), tmp_path / "b.pt")
     assert {v.dtype for v in torch.load(tmp_path / "a.pt").values()} == {F32}
     assert {v.dtype for v in torch.load(tmp_path / "b.pt").values()} == {F16}
@@ -189,9 +189,9 @@ def test_targets_shows_what_float16_tensors_are():
     done = run_cli("targets", "--json", env={"TORCH_ADAPTER_CPU_FEATURES": "avx2"})
     assert done.returncode == 0, done.stderr
     cpu = next(r for r in json.loads(done.stdout) if r["name"] == "cpu")["details"]
-    assert cpu["float16_tensors"] == "float32 under dtype_policy='auto' (default: float16)"
+    assert cpu["float16_tensors"] == "float32 under dtype_policy='auto' (the default)"
     with forced("avx512_bf16"):
-        assert torch_adapter.describe("cpu")["details"]["float16_tensors"] == "float16 under dtype_policy='auto' (default: float16)"
+        assert torch_adapter.describe("cpu")["details"]["float16_tensors"] == "float16 under dtype_policy='auto' (the default)"
 
 
 def test_a_bad_policy_is_a_usage_error_naming_the_allowed_ones(tmp_path):
@@ -206,10 +206,58 @@ def test_a_bad_policy_is_a_usage_error_naming_the_allowed_ones(tmp_path):
     assert "invalid choice: 'fp16'" in done.stderr and "'auto', 'float16', 'float32'" in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize("flags, expected", [(("--dtype-policy", "auto"), "torch.float32"), ((), "torch.float16")])
+@pytest.mark.parametrize("flags, expected", [(("--dtype-policy", "float16"), "torch.float16"), ((), "torch.float32"),
+                                             (("--dtype-policy", "auto"), "torch.float32")])
 def test_run_hands_the_policy_to_the_script(tmp_path, flags, expected):
     script = tmp_path / "s.py"
     script.write_text("import torch\nprint(torch.randn(2, device='cuda').half().dtype)\n")
     done = run_cli("run", *flags, str(script), env={"TORCH_ADAPTER_CPU_FEATURES": "avx2"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [expected], done.stdout
+
+
+def test_auto_is_the_default():
+    with forced("avx2"), torch_adapter.adapted("cpu") as session:
+        assert session.config.dtype_policy == "auto"
+        assert torch.randn(2, device="cuda").half().dtype is F32
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu"):
+        assert torch.randn(2, device="cuda").half().dtype is F16
+
+
+class _Seen(torch.Tensor):
+    """A program's tensor subclass that records the calls it sees."""
+    seen: list = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.seen.append(func)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["float32", "float16"])
+def test_a_subclass_sees_only_its_own_calls_under_the_policy(half):
+    """The policy looks at a moved tensor's dtype: a subclass's __torch_function__ must not see that look."""
+    with forced("avx2"), torch_adapter.adapted("cpu", **AUTO):
+        s = torch.zeros(2, dtype=F16 if half else F32).as_subclass(_Seen)
+        _Seen.seen.clear()
+        moved, cuda = s.to("cuda"), s.cuda()
+        assert _Seen.seen == [torch.Tensor.to, torch.Tensor.cuda], _Seen.seen
+        assert moved.dtype is cuda.dtype is F32 and type(moved) is _Seen
+
+
+def test_the_adapters_own_float16_casts_are_not_the_policys():
+    """A float16 tensor made before the session keeps float16 through the adapter's own kernels: the
+    heavy-op rewrite's Half kernel returns Half (routing/low_precision.py) and the batch-norm rule casts
+    the input to the float16 weights (redirect/amp.py) though the names Tensor.half/.to map float16."""
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 8).half(), torch.randn(8, 8).half()
+    conv, bn = torch.nn.Conv2d(4, 4, 1).half(), torch.nn.BatchNorm2d(4).half()
+    x = torch.randn(2, 4, 3, 3, dtype=F16)
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu", dtype_policy="float32") as session:
+        assert session.device_mapper.half_as is F32 and torch.randn(2).half().dtype is F32  # the names map
+        assert torch.mm(a, b).dtype is F16  # computed in bfloat16, returned as float16
+    torch.testing.assert_close(torch.mm(a, b).float(), a.float() @ b.float(), rtol=2e-2, atol=5e-2)
+    with forced("avx2"), torch_adapter.adapted("cpu", amp_dtype="bfloat16", **AUTO):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = bn(conv(x))  # conv in bfloat16, the float16 batch norm takes its input in float16
+    assert y.dtype is F16

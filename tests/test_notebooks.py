@@ -257,7 +257,14 @@ def test_quickstart_cuda_cells_run_and_report_their_routing(quickstart):
     first = routing(cell(nb, "cuda-cell"))
     assert first["counts"]["native"] > 0 and not first["simulated"] and first["execution_count"] is not None
     step = routing(cell(nb, "train-step"))
-    assert "computes in torch.float16" in text(cell(nb, "train-step"))  # the program's own dtype
+    # the program's own float16 where the CPU has bf16/fp16 units, float32 where it has none (the
+    # dtype policy's decision for this CPU kind, as `torch-adapter targets` shows it)
+    import torch_adapter
+
+    kind = torch_adapter.describe("cpu")["details"]["float16_tensors"].split()[0]
+    assert f"computes in torch.{kind} here" in text(cell(nb, "train-step"))
+    assert "float16, where this CPU has bf16" in cell(nb, "amp-md").source.replace("\n", " ")  # the text says both
+    assert "it runs as float32" in cell(nb, "amp-md").source.replace("\n", " ")
     assert step["counts"]["native"] > 0 and step["counts"]["composite"] > 0
     assert "'counts'" in text(cell(nb, "payload")) and "'session'" in text(cell(nb, "payload"))
 

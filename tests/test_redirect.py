@@ -30,7 +30,9 @@ def test_every_device_spelling_maps_to_the_target(spelling):
 
 
 def test_non_cuda_devices_and_dtypes_pass_through_untouched():
-    torch_adapter.install("cpu")
+    # dtype_policy="float16": under the default (auto) a CPU without bf16 units answers a float16
+    # request with float32, logged (tests/test_dtype_policy.py); here, that nothing else is touched
+    torch_adapter.install("cpu", dtype_policy="float16")
     x = torch.ones(2)
     assert x.to(torch.float16).dtype == torch.float16
     assert x.to("meta").device.type == "meta"
@@ -85,7 +87,9 @@ def test_log_can_be_switched_off():
 ])
 def test_amp_policy_on_cpu(policy, requested, expected):
     assert effective_dtype(policy, "cpu", requested) == expected
-    torch_adapter.install("cpu", amp_dtype=policy)
+    # the AMP policy alone (dtype_policy="float16"): under the default dtype policy a CPU without
+    # bf16 units runs autocast('cuda', float16) disabled, in float32 (tests/test_dtype_policy.py)
+    torch_adapter.install("cpu", amp_dtype=policy, dtype_policy="float16")
     lin = torch.nn.Linear(4, 4).cuda()
     with torch.autocast("cuda", dtype=requested) if requested else torch.cuda.amp.autocast():
         assert lin(torch.randn(2, 4, device="cuda")).dtype == expected
@@ -106,7 +110,7 @@ def test_amp_float32_policy_disables_autocast_and_is_logged():
 
 
 def test_grad_scaler_and_autocast_queries_answer_for_the_target():
-    torch_adapter.install("cpu")
+    torch_adapter.install("cpu", dtype_policy="float16")  # float16 autocast as asked, on every CPU kind
     scaler = torch.amp.GradScaler("cuda")
     assert scaler._device == "cpu"
     with torch.autocast("cuda"):

@@ -124,6 +124,8 @@ def main(scenario: str) -> None:
         import accelerate  # noqa: F401, F811
         import transformers  # noqa: F401, F811
     phases["during"] = behaviours(libs)
+    # the default dtype policy (auto) on this CPU's kind: float32 where float16 is computed in float32
+    phases["float16 on the device"] = str(torch.ones(1, device="cuda", dtype=torch.float16).dtype)
     torch_adapter.uninstall()
     phases["after"] = behaviours(libs)
     print(json.dumps(phases))

@@ -46,9 +46,9 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--float16-compute", default="auto", choices=FLOAT16_COMPUTE,
                    help="what the CPU computes float16 matmuls/convolutions/attention in (default auto: its "
                         "fast dtype; float16: off)")
-    p.add_argument("--dtype-policy", default="float16", choices=DTYPE_POLICIES,
-                   help="what a float16 request (.half(), dtype=torch.float16) gives on the CPU (default float16: "
-                        "as asked; auto: float32 tensors where float16 is computed in float32)")
+    p.add_argument("--dtype-policy", default="auto", choices=DTYPE_POLICIES,
+                   help="what a float16 request (.half(), dtype=torch.float16) gives on the CPU (default auto: "
+                        "float32 tensors where float16 is computed in float32, float16 elsewhere; float16: as asked)")
     p.add_argument("--dtype-check", default="raise", choices=("raise", "record", "off"),
                    help="--simulate: a dtype the real target refuses raises its error (default), is recorded, or not checked")
     p.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")

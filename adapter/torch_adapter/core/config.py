@@ -63,9 +63,9 @@ class Config:
     # float16 heavy ops (matmul family, convolution, attention) on the CPU computed in the CPU's
     # fast dtype, tensors staying float16: auto | bfloat16 | float32 | float16 (off).
     float16_compute: str = "auto"
-    # What float16 requests give on a CPU target: float16 (as asked; the default) | auto (float32
-    # tensors where float16 is computed in float32, float16 elsewhere) | float32.
-    dtype_policy: str = "float16"
+    # What float16 requests give on a CPU target: auto (the default: float32 tensors where float16
+    # is computed in float32, float16 elsewhere) | float16 (as asked) | float32.
+    dtype_policy: str = "auto"
     # Fallback policy for ops the target lacks (routing engine): allow | warn | error.
     fallback: str = "allow"
     force_cpu: tuple[str, ...] = ()

@@ -348,7 +348,7 @@ def _weight_dtype_kernel(name: str, target_type: str, key: str) -> Any:
         if _eligible(x, target_type) and x.dtype in _LOW:
             params = [args[i] for i in positions if i < len(args) and isinstance(args[i], torch.Tensor)]
             if params and params[0].dtype in _LOW and params[0].dtype != x.dtype:
-                args = (x.to(params[0].dtype), *args[1:])
+                args = (torch._C.TensorBase.to(x, params[0].dtype), *args[1:])  # not the policy's mapped Tensor.to
         with tp.below_autocast(key):
             return op(*args, **kwargs)
 

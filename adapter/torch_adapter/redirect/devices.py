@@ -274,12 +274,15 @@ def _patch_tensor_methods(p: Any, mapper: DeviceMapper, orig_to: Any) -> None:
     T = torch.Tensor
     def cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False,
              memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:
+        if has_torch_function((self,)):  # a subclass or mode sees Tensor.cuda, as on CUDA (not the to() below)
+            return handle_torch_function(cuda, (self,), self, device, non_blocking=non_blocking,
+                                         memory_format=memory_format)
         index = device if type(device) is int else (_index_of(device) if isinstance(device, str)
                                                        else getattr(device, "index", None))
         new = mapper.device(index)
         mapper.log.record("device", "Tensor.cuda()" if device is None else f"Tensor.cuda({device!r})",
                           str(new), depth=3)
-        if self.dtype is _HALF and mapper.half_as is not None:
+        if mapper.half_as is not None and dtype_policy.is_half(self):
             return orig_to(self, new, mapper.dtype(_HALF, "Tensor.cuda() of a float16 tensor"),
                            non_blocking=non_blocking, memory_format=memory_format)
         return _checked(mapper, orig_to(self, new, non_blocking=non_blocking, memory_format=memory_format), self)

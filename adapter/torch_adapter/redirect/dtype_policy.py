@@ -37,9 +37,16 @@ import torch
 from ..core.config import float16_tensors
 from ..core.patching import mark_stand_in
 
-__all__ = ["storage_dtype", "apply", "patch", "to_args", "module_moved", "loaded"]
+__all__ = ["storage_dtype", "apply", "patch", "to_args", "module_moved", "loaded", "is_half"]
 
 _HALF = torch.float16
+
+
+def is_half(t: torch.Tensor) -> bool:
+    """``t.dtype is torch.float16``, read without calling a tensor subclass's ``__torch_function__``:
+    the program's subclass sees exactly its own calls, not the adapter's look at the dtype."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return t.dtype is _HALF
 
 
 def storage_dtype(policy: str, compute: torch.dtype | None, compute_why: str) -> tuple[torch.dtype | None, str]:
@@ -95,7 +102,7 @@ def to_args(mapper: Any, tensor: torch.Tensor, args: tuple, kwargs: dict, moved:
         return (args[0], mapper.dtype(_HALF, "Tensor.to(device, torch.float16)"), *args[2:]), kwargs
     if kwargs.get("dtype") is _HALF:
         return args, {**kwargs, "dtype": mapper.dtype(_HALF, "Tensor.to(dtype=torch.float16)")}
-    if moved and tensor.dtype is _HALF and "dtype" not in kwargs and not (len(args) > 1 and type(args[1]) is torch.dtype):
+    if moved and "dtype" not in kwargs and not (len(args) > 1 and type(args[1]) is torch.dtype) and is_half(tensor):
         return args, {**kwargs, "dtype": mapper.dtype(_HALF, "Tensor.to('cuda') of a float16 tensor")}
     return args, kwargs
 
@@ -105,9 +112,9 @@ def module_moved(mapper: Any, module: Any) -> Any:
     if mapper.half_as is None:
         return module
     dtype = mapper.half_as
-    if any(t.dtype is _HALF for t in _tensors(module)):
+    if any(is_half(t) for t in _tensors(module)):
         mapper.dtype(_HALF, "Module.to('cuda') of float16 weights")
-        module._apply(lambda t: t.to(dtype) if t.dtype is _HALF else t)
+        module._apply(lambda t: t.to(dtype) if is_half(t) else t)
     return module
 
 
@@ -125,7 +132,7 @@ def loaded(mapper: Any, obj: Any, asked: str) -> Any:
 
     def walk(x: Any, depth: int = 0) -> Any:
         if isinstance(x, torch.Tensor):
-            if x.dtype is _HALF:
+            if is_half(x):
                 found.append(True)
                 out = orig_tensor_to(x, mapper.half_as)
                 return torch.nn.Parameter(out, x.requires_grad) if isinstance(x, torch.nn.Parameter) else out
@@ -133,9 +140,9 @@ def loaded(mapper: Any, obj: Any, asked: str) -> Any:
         if depth > 8:
             return x
         if isinstance(x, torch.nn.Module):
-            if any(t.dtype is _HALF for t in _tensors(x)):
+            if any(is_half(t) for t in _tensors(x)):
                 found.append(True)
-                x._apply(lambda t: orig_tensor_to(t, mapper.half_as) if t.dtype is _HALF else t)
+                x._apply(lambda t: orig_tensor_to(t, mapper.half_as) if is_half(t) else t)
             return x
         if isinstance(x, dict):
             new = {k: walk(v, depth + 1) for k, v in x.items()}

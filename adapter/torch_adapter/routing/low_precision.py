@@ -67,6 +67,7 @@ OPS.update(FP32_OPS)
 _UNCHANGED_IF_TRUE = {"aten::_softmax": 2}
 _HALF = torch.float16
 _PARAMETER = torch.nn.Parameter
+_TensorBase = torch._C.TensorBase
 # Below this many multiply-adds a bfloat16 product is slower than a float32 one (oneDNN's set-up
 # dominates; measured here, 1 thread: a 16x64x128 mm 34 us bf16 vs 7 us fp32, 2048x64x64 106 vs
 # 215 us; a 3x3 conv 8->16 channels at 8x8 126 vs 17 us, 32->32 at 16x16 133 vs 123 us, 64->64 at
@@ -364,7 +365,9 @@ def _down(a: Any, dtype: torch.dtype) -> Any:
 def _up(a: Any, dtype: torch.dtype) -> Any:
     if not (isinstance(a, torch.Tensor) and a.dtype is dtype):
         return a
-    return a.half() if dtype is torch.float32 else a.float().half()
+    # TensorBase's own half(), not the name torch.Tensor.half: under the dtype policy that name maps
+    # float16 to float32 (redirect/dtype_policy.py), and a Half kernel must return Half
+    return _TensorBase.half(a) if dtype is torch.float32 else _TensorBase.half(a.float())
 
 
 def apply(session: Any) -> None:

@@ -134,7 +134,7 @@ def cpu_details() -> dict[str, Any]:
     return {"cpu_kind": f.kind, "vector_bits": f.vector_bits, "bf16_units": ",".join(f.bf16_units) or "none",
             "fp16_units": ",".join(f.fp16_units) or "none", "amx": ",".join(f.amx) or "none",
             "float16_compute": chosen + (" (bfloat16 measured slower)" if measured else ""),
-            "float16_tensors": float16_tensors("auto", chosen) + " under dtype_policy='auto' (default: float16)",
+            "float16_tensors": float16_tensors("auto", chosen) + " under dtype_policy='auto' (the default)",
             "float16_gate": _gate_state(), "features_from": f.source}
 
 
