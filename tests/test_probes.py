@@ -142,3 +142,28 @@ def test_a_real_cuda_target_keeps_every_probe():
     sim = type("T", (), {"device_type": "cuda", "simulated": True})()
     npu = type("T", (), {"device_type": "npu", "simulated": False})()
     assert [probes.patched_probes(type("S", (), {"target": t})()) for t in (cuda, sim, npu)] == [False, True, True]
+
+
+def test_a_transformers_model_loads_with_hub_kernels_answered_off(tmp_path):
+    """transformers 5.x loads with ``use_kernels=True`` by default and refuses ("Kernels are not
+    available") when ``is_kernels_available()`` says False — which the adapter answers: its own off
+    switch (``USE_HUB_KERNELS=0``) is answered too, so ``from_pretrained`` loads the model's own layers."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    import torch_adapter
+
+    config = transformers.CLIPTextConfig(hidden_size=32, intermediate_size=37, num_attention_heads=4,
+                                         num_hidden_layers=2, vocab_size=99)
+    torch.manual_seed(0)
+    transformers.CLIPTextModel(config).save_pretrained(tmp_path)
+    ids = torch.tensor([[1, 5, 7, 2]])
+    want = transformers.CLIPTextModel.from_pretrained(tmp_path)(ids).last_hidden_state
+    with torch_adapter.adapted("cpu") as session:
+        model = transformers.CLIPTextModel.from_pretrained(tmp_path).to("cuda")
+        got = model(ids.cuda()).last_hidden_state
+        asked = {e.asked for e in session.redirect_log.entries() if e.kind == "probe"}
+    assert not getattr(model, "use_kernels", False)
+    torch.testing.assert_close(got, want)
+    assert "transformers._kernels_enabled()" in asked or not hasattr(
+        importlib.import_module("transformers.integrations.hub_kernels"), "_kernels_enabled")

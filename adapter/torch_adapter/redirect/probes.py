@@ -55,6 +55,10 @@ PROBES: tuple[Probe, ...] = (
     Probe(_TF, "is_bitsandbytes_available", False, _BNB),
     Probe(_TF, "is_apex_available", False, "apex fused optimizers/layernorm are CUDA extensions; torch's run"),
     Probe(_TF, "is_kernels_available", False, "the Hub kernels are CUDA builds; the model's own layers run"),
+    # transformers' own off switch for them (USE_HUB_KERNELS=0): from 5.x from_pretrained defaults to
+    # use_kernels=True and refuses to load ("Kernels are not available") when the probe above says False
+    Probe("transformers.integrations.hub_kernels", "_kernels_enabled", False,
+          "Hub kernels off, as USE_HUB_KERNELS=0 (the Hub kernels are CUDA builds; the model's own layers run)"),
     Probe(_TF, "is_liger_kernel_available", False, _TRITON),
     Probe(_TF, "is_flash_linear_attention_available", False, _TRITON),
     Probe(_TF, "is_triton_available", False, _TRITON),
