@@ -10,9 +10,10 @@ validation (the same under ``torch.autocast(device)``), at 32 px (16x16 latents:
 of 8/16 make attention exp-bound and every op overhead-bound). Configurations:
 
 - ``plain``    ``python PROGRAM`` (float32 path);
-- ``adapted``  ``python -m torch_adapter run PROGRAM`` (float16 path, ``float16_compute="auto"``: float16
-  tensors, heavy ops rewritten);
-- ``f32_tensors`` the same with ``--dtype-policy auto`` (float32 tensors where float16 is computed in float32);
+- ``adapted``  ``python -m torch_adapter run PROGRAM`` (float16 path, the defaults: ``dtype_policy="auto"`` —
+  float32 tensors where float16 is computed in float32 —, ``float16_compute="auto"`` — float16 tensors
+  with the heavy ops rewritten where the CPU has bf16 units);
+- ``f16_tensors`` the same with ``--dtype-policy float16`` (float16 tensors on every kind, heavy ops rewritten);
 - ``bf16_plain`` plain torch running the program's CPU path in bfloat16 (the best a bfloat16 rewrite can reach);
 - ``fp16``     the same with ``--float16-compute float16`` (the off switch: float16 as the CPU computes it).
 
@@ -58,7 +59,7 @@ KINDS = {
               "TORCH_ADAPTER_CPU_FEATURES": "avx2"}, ("avx2",)),
 }
 CONFIGS = {"plain": [], "adapted": ["-m", "torch_adapter", "run"],
-           "f32_tensors": ["-m", "torch_adapter", "run", "--dtype-policy", "auto"],
+           "f16_tensors": ["-m", "torch_adapter", "run", "--dtype-policy", "float16"],
            "fp16": ["-m", "torch_adapter", "run", "--float16-compute", "float16"],
            "bf16_plain": []}
 # configurations that differ by environment: bf16_plain is plain torch running the program's CPU path

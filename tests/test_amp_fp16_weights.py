@@ -227,3 +227,7 @@ def test_the_bfloat16_policy_still_rewrites_and_says_why_float16_weights_fail():
     with torch_adapter.adapted("cpu", amp_dtype="bfloat16", **F16):
         with pytest.raises(RuntimeError, match="prioritize"):  # CPU autocast's own refusal
             _promoting_step(lin, x)
+
+
+# CI runs this file a second time as a CPU without bf16 units (TORCH_ADAPTER_CPU_FEATURES=avx2): .ci/run
+pytestmark = pytest.mark.cpu_kind

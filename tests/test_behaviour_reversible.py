@@ -89,3 +89,7 @@ def test_while_installed_only_cuda_requests_change(results, scenario):
         if expected is not None:
             assert during[key] == (policy if expected == "float16 on the device" else expected), (scenario, key, during[key])
     assert during["DataParallel.cuda() forward"] == ref["DataParallel forward"]
+
+
+# CI runs this file a second time as a CPU without bf16 units (TORCH_ADAPTER_CPU_FEATURES=avx2): .ci/run
+pytestmark = pytest.mark.cpu_kind

@@ -200,3 +200,7 @@ def test_tool_options_travel_to_child_processes():
         {"optimization_level": "balanced", "memory_strategy": "low", "amp_dtype": "bfloat16", "debug_mode": "warn"}
     torch_adapter.uninstall()
     assert torch_adapter.install(**settings).config.as_dict() == session.config.as_dict()
+
+
+# CI runs this file a second time as a CPU without bf16 units (TORCH_ADAPTER_CPU_FEATURES=avx2): .ci/run
+pytestmark = pytest.mark.cpu_kind

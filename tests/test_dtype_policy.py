@@ -261,3 +261,7 @@ def test_the_adapters_own_float16_casts_are_not_the_policys():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             y = bn(conv(x))  # conv in bfloat16, the float16 batch norm takes its input in float16
     assert y.dtype is F16
+
+
+# CI runs this file a second time as a CPU without bf16 units (TORCH_ADAPTER_CPU_FEATURES=avx2): .ci/run
+pytestmark = pytest.mark.cpu_kind

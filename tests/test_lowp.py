@@ -390,3 +390,7 @@ def test_inference_mode_tensors_are_rewritten_without_a_version_counter(kind):
     assert out.dtype is torch.float16 and out.is_inference()
     torch.testing.assert_close(out.float(), ref, **AMP_TOL)
     assert torch.equal(out, again)
+
+
+# CI runs this file a second time as a CPU without bf16 units (TORCH_ADAPTER_CPU_FEATURES=avx2): .ci/run
+pytestmark = pytest.mark.cpu_kind

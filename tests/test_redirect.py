@@ -304,3 +304,7 @@ def test_targets_command_lists_real_and_simulated(cli):
     assert sim["mtia"]["complete"] is False
     table = cli("targets")
     assert table.returncode == 0 and "simulated" in table.stdout and "mps" in table.stdout
+
+
+# CI runs this file a second time as a CPU without bf16 units (TORCH_ADAPTER_CPU_FEATURES=avx2): .ci/run
+pytestmark = pytest.mark.cpu_kind

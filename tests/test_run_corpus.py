@@ -185,3 +185,7 @@ def test_user_files_are_not_written(tmp_path):
     before = {p: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
     assert run_cli("run", str(script), cwd=tmp_path).returncode == 0
     assert {p: p.stat().st_mtime_ns for p in tmp_path.iterdir() if p.name != "__pycache__"} == before
+
+
+# CI runs this file a second time as a CPU without bf16 units (TORCH_ADAPTER_CPU_FEATURES=avx2): .ci/run
+pytestmark = pytest.mark.cpu_kind

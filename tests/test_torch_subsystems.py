@@ -365,3 +365,7 @@ def test_subsystem_before_during_after(name, order, tmp_path):
 def test_type_of_a_device_is_torch_device_while_installed():
     torch_adapter.install("cpu")
     assert type(torch.device("cpu")) is torch.device
+
+
+# CI runs this file a second time as a CPU without bf16 units (TORCH_ADAPTER_CPU_FEATURES=avx2): .ci/run
+pytestmark = pytest.mark.cpu_kind
