@@ -173,10 +173,14 @@ def site_frames(depth: int = 1) -> tuple[Any, Any]:
     code (the script or notebook cell, not an installed package); ``library`` is the innermost
     installed-package frame when the call came through one (transformers calling ``.to``), else
     None. With no user frame on the stack the library frame is the site (library None)."""
-    frame = _frame(depth + 1)
-    last, library = frame, None
-    while frame is not None:
-        kind = _frame_kind(frame.f_code.co_filename)
+    try:
+        frame = sys._getframe(depth + 1)
+    except ValueError:  # a shallower stack: its outermost frame
+        frame = _frame(depth + 1)
+    last, library, kinds = frame, None, _KINDS
+    while frame is not None:  # per call that redirects: the lookups inlined (a dict hit per frame)
+        path = frame.f_code.co_filename
+        kind = kinds.get(path) or _frame_kind(path)
         if kind == "user":
             return frame, library
         if kind == "library" and library is None:

@@ -61,6 +61,7 @@ class DeviceMapper:
         # there (the dtypes the real backend refuses); redirect imports nothing of routing
         self.moved_hook: Any = None
         self._devices: dict[int | None, torch.device] = {}
+        self._names: dict[torch.device, str] = {}  # str() of each, for the log rows
         self.device(None)  # now, outside any mode of the program
         # what a float16 request gives (None: float16): set by redirect/dtype_policy.apply
         self.half_as: torch.dtype | None = None
@@ -104,7 +105,10 @@ class DeviceMapper:
             return dev
         new = self.device(index)
         if self.log.enabled:
-            self.log.record("device", asked or f"device={_spell(dev)}", str(new), depth=4)
+            name = self._names.get(new)
+            if name is None:
+                name = self._names[new] = str(new)
+            self.log.record("device", asked or f"device={_spell(dev)}", name, depth=4)
         return new
 
 
@@ -121,8 +125,19 @@ _HALF = torch.float16
 
 
 def _spell(dev: Any) -> str:
-    """'cuda:0' for torch.device('cuda', 0): how users write it."""
-    return repr(str(dev)) if isinstance(dev, _DEVICE) else repr(dev)
+    """'cuda:0' for torch.device('cuda', 0): how users write it (remembered: it is asked per redirected call)."""
+    kind = type(dev)
+    if kind is not str and kind is not int and kind is not _DEVICE:  # (bool, a subclass: not remembered)
+        return repr(str(dev)) if isinstance(dev, _DEVICE) else repr(dev)
+    text = _SPELLED.get((kind, dev))
+    if text is None:
+        text = repr(str(dev)) if kind is _DEVICE else repr(dev)
+        if len(_SPELLED) < 1024:
+            _SPELLED[(kind, dev)] = text
+    return text
+
+
+_SPELLED: dict[Any, str] = {}
 
 
 def _index_of(spec: str) -> int | None:
