@@ -187,5 +187,19 @@ def test_user_files_are_not_written(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in tmp_path.iterdir() if p.name != "__pycache__"} == before
 
 
+
+def test_the_scripts_own_options_reach_it_unread(tmp_path):
+    """After SCRIPT every argument is the script's, prefixes of ours included: nanoGPT's
+    `--dtype=float16` is neither refused as ambiguous (--dtype-policy, --dtype-check) nor taken."""
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nprint(sys.argv[1:])\n")
+    args = ["--dtype=float16", "--dtype", "bfloat16", "--sim", "--target=npu", "--report", "-m"]
+    res = run_cli("run", str(script), *args)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == repr(args)
+    res = run_cli("run", "--dtype", "float16", str(script))  # before SCRIPT an abbreviation is no option of ours
+    assert res.returncode == 2 and "unrecognized arguments: --dtype" in res.stderr, res.stderr
+
+
 # CI runs this file a second time as a CPU without bf16 units (TORCH_ADAPTER_CPU_FEATURES=avx2): .ci/run
 pytestmark = pytest.mark.cpu_kind

@@ -29,7 +29,10 @@ _PLUGINS = ("torch_adapter.check.cli", "torch_adapter.coverage.cli", "torch_adap
 
 
 def _add_run(sub: Any) -> None:
-    p = sub.add_parser("run", help="run a CUDA-written script on the target, unchanged",
+    # allow_abbrev=False: argparse matches abbreviations in every argument, the script's too, before
+    # SCRIPT ends our options — the script's own `--dtype=float16` (nanoGPT) would be refused as
+    # ambiguous (--dtype-policy, --dtype-check) or taken as ours; our options are spelled in full
+    p = sub.add_parser("run", help="run a CUDA-written script on the target, unchanged", allow_abbrev=False,
                        description="Run SCRIPT as __main__ with ARGS, CUDA requests redirected to the target. "
                                    "Works under torchrun: torchrun --nproc-per-node 2 -m torch_adapter run train.py")
     p.add_argument("--target", default="auto", help="auto (default), cpu, cuda, npu, xpu, mps, or a profile .toml")
