@@ -167,3 +167,29 @@ def test_a_transformers_model_loads_with_hub_kernels_answered_off(tmp_path):
     torch.testing.assert_close(got, want)
     assert "transformers._kernels_enabled()" in asked or not hasattr(
         importlib.import_module("transformers.integrations.hub_kernels"), "_kernels_enabled")
+
+
+
+def test_transformers_imported_while_installed_loads_plainly_after_uninstall(tmp_path):
+    """transformers first imported under the adapter (a notebook's usual order): from_pretrained
+    works while installed and, after uninstall, plainly — its import-time kernel choice must not
+    have been made from an answer of ours (the stubs that raise "requires `kernels`")."""
+    pytest.importorskip("transformers")
+    code = textwrap.dedent(f"""
+        import torch, torch_adapter
+        torch_adapter.install("cpu")
+        import transformers
+        config = transformers.CLIPTextConfig(hidden_size=32, intermediate_size=37, num_attention_heads=4,
+                                             num_hidden_layers=2, vocab_size=99)
+        torch.manual_seed(0)
+        transformers.CLIPTextModel(config).save_pretrained({str(tmp_path)!r})
+        ids = torch.tensor([[1, 5, 7, 2]])
+        during = transformers.CLIPTextModel.from_pretrained({str(tmp_path)!r}).cuda()(ids.cuda()).last_hidden_state
+        torch_adapter.uninstall()
+        after = transformers.CLIPTextModel.from_pretrained({str(tmp_path)!r})(ids).last_hidden_state
+        torch.testing.assert_close(during, after)
+        print("LOADED-BOTH")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_ADAPTER_AUTOINSTALL"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0 and "LOADED-BOTH" in res.stdout, res.stderr[-3000:]

@@ -54,9 +54,13 @@ PROBES: tuple[Probe, ...] = (
                                           "is_flash_attn_greater_or_equal_2_10")),
     Probe(_TF, "is_bitsandbytes_available", False, _BNB),
     Probe(_TF, "is_apex_available", False, "apex fused optimizers/layernorm are CUDA extensions; torch's run"),
-    Probe(_TF, "is_kernels_available", False, "the Hub kernels are CUDA builds; the model's own layers run"),
-    # transformers' own off switch for them (USE_HUB_KERNELS=0): from 5.x from_pretrained defaults to
-    # use_kernels=True and refuses to load ("Kernels are not available") when the probe above says False
+    # The Hub kernels are kept out by transformers' own off switch (USE_HUB_KERNELS=0), not by
+    # is_kernels_available(): transformers 5.x (which requires kernels) decides at import of
+    # integrations.hub_kernels from that probe whether to define its kernel functions or stubs that
+    # raise, so a False answer while installed outlived uninstall ("requires `kernels` to be
+    # installed"), and from_pretrained, defaulting to use_kernels=True, refused to load under it.
+    Probe(_TF, "is_kernels_available", KEEP,
+          "kept: transformers defines its kernel layer at import from it (a False answer would outlive uninstall)"),
     Probe("transformers.integrations.hub_kernels", "_kernels_enabled", False,
           "Hub kernels off, as USE_HUB_KERNELS=0 (the Hub kernels are CUDA builds; the model's own layers run)"),
     Probe(_TF, "is_liger_kernel_available", False, _TRITON),
