@@ -529,18 +529,25 @@ def test_badges_follow_windowing_moves_and_reopening(ran, page):
     # reopened), the summaries kept in the metadata show under the inputs (marked as
     # saved); the last cell, never rendered yet in the windowed notebook, gets its badge
     # when it is.
-    page.evaluate(f"""async () => {{
-        const app = window.jupyterapp;
-        await app.commands.execute('notebook:clear-all-cell-outputs');
-        await app.commands.execute('docmanager:save');
-        await app.commands.execute('application:close-all');
-        await app.serviceManager.sessions.shutdownAll();
-        const panel = await app.commands.execute('docmanager:open', {{path: '{NOTEBOOK}'}});
-        await panel.context.ready;
-    }}""")
     saved = f"() => ({BADGES})().map(b => b.length === 1 && b[0].saved && !b[0].inOutput)"
-    page.wait_for_function(f"() => ({saved})()[1] && ({saved})()[{FALLBACK - 1}]")
-    assert page.evaluate(f"() => window.jupyterapp.shell.currentWidget.content.widgets[{count - 1}].isPlaceholder()")
+    last_unrendered = f"() => window.jupyterapp.shell.currentWidget.content.widgets[{count - 1}].isPlaceholder()"
+    # Lab's first layout of a reopened notebook can measure the panel before it has its size and
+    # render every cell (seen on a loaded CI machine with JupyterLab 4.6): reopened until the last
+    # cell is left unrendered, which the rest of the test needs (3 tries)
+    for _ in range(3):
+        page.evaluate(f"""async () => {{
+            const app = window.jupyterapp;
+            await app.commands.execute('notebook:clear-all-cell-outputs');
+            await app.commands.execute('docmanager:save');
+            await app.commands.execute('application:close-all');
+            await app.serviceManager.sessions.shutdownAll();
+            const panel = await app.commands.execute('docmanager:open', {{path: '{NOTEBOOK}'}});
+            await panel.context.ready;
+        }}""")
+        page.wait_for_function(f"() => ({saved})()[1] && ({saved})()[{FALLBACK - 1}]")
+        if page.evaluate(last_unrendered):
+            break
+    assert page.evaluate(last_unrendered)
     page.evaluate(scroll, LAST)
     page.wait_for_function(f"() => ({saved})()[{LAST}]")
     page.evaluate(scroll, 0)  # a detached cell's parts are out of its node: look at the top again
