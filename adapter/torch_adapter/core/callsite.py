@@ -53,6 +53,10 @@ def _is_user(path: str) -> bool:
 
 def _frame(depth: int) -> Any:
     """``sys._getframe(depth)``, or the outermost frame when the stack is shallower."""
+    try:
+        return sys._getframe(depth + 1)
+    except ValueError:
+        pass
     frame = sys._getframe(1)
     for _ in range(depth):
         if frame.f_back is None:
@@ -173,10 +177,7 @@ def site_frames(depth: int = 1) -> tuple[Any, Any]:
     code (the script or notebook cell, not an installed package); ``library`` is the innermost
     installed-package frame when the call came through one (transformers calling ``.to``), else
     None. With no user frame on the stack the library frame is the site (library None)."""
-    try:
-        frame = sys._getframe(depth + 1)
-    except ValueError:  # a shallower stack: its outermost frame
-        frame = _frame(depth + 1)
+    frame = _frame(depth + 1)
     last, library, kinds = frame, None, _KINDS
     while frame is not None:  # per call that redirects: the lookups inlined (a dict hit per frame)
         path = frame.f_code.co_filename

@@ -61,7 +61,7 @@ class DeviceMapper:
         # there (the dtypes the real backend refuses); redirect imports nothing of routing
         self.moved_hook: Any = None
         self._devices: dict[int | None, torch.device] = {}
-        self._names: dict[torch.device, str] = {}  # str() of each, for the log rows
+        self.names: dict[torch.device, str] = {}  # str() of each device made below, for the log rows
         self.device(None)  # now, outside any mode of the program
         # what a float16 request gives (None: float16): set by redirect/dtype_policy.apply
         self.half_as: torch.dtype | None = None
@@ -75,6 +75,7 @@ class DeviceMapper:
         if dev is None:
             dev = self._devices[key] = (_DEVICE("cpu") if self.on_cpu else _DEVICE(self.type) if index is None
                                         else _DEVICE(self.type, index))
+            self.names[dev] = str(dev)
         return dev
 
     def is_cuda(self, dev: Any) -> bool:
@@ -105,10 +106,7 @@ class DeviceMapper:
             return dev
         new = self.device(index)
         if self.log.enabled:
-            name = self._names.get(new)
-            if name is None:
-                name = self._names[new] = str(new)
-            self.log.record("device", asked or f"device={_spell(dev)}", name, depth=4)
+            self.log.record("device", asked or f"device={_spell(dev)}", self.names[new], depth=4)
         return new
 
 
@@ -296,7 +294,7 @@ def _patch_tensor_methods(p: Any, mapper: DeviceMapper, orig_to: Any) -> None:
                                                        else getattr(device, "index", None))
         new = mapper.device(index)
         mapper.log.record("device", "Tensor.cuda()" if device is None else f"Tensor.cuda({device!r})",
-                          str(new), depth=3)
+                          mapper.names[new], depth=3)
         if mapper.half_as is not None and dtype_policy.is_half(self):
             return orig_to(self, new, mapper.dtype(_HALF, "Tensor.cuda() of a float16 tensor"),
                            non_blocking=non_blocking, memory_format=memory_format)
