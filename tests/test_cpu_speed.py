@@ -25,6 +25,57 @@ def test_the_verdict_is_the_geometric_mean_against_the_margin():
     even = cpu_speed.decide(fp32, {"mm_512": 0.95, "conv3x3_64ch_32px": 1.9}, 1, "measured")
     assert not even.faster  # within MARGIN: float32, closer to float16's numerics
     assert "a 512² mm 1.30 vs 1.00 ms" in slow.text() and "1 thread)" in slow.text()
+    assert fast.attention_ratio is None and fast.attention_faster is None  # not timed: the flags decide
+
+
+def test_attention_has_its_own_verdict_apart_from_the_products():
+    """The avx512_bf16 EPYC's shape: bfloat16 products 3-6x faster, bfloat16 attention slower."""
+    fp32 = {"mm_512": 1.35, "conv3x3_64ch_32px": 0.25, cpu_speed.ATTENTION: 0.25}
+    s = cpu_speed.decide(fp32, {"mm_512": 0.31, "conv3x3_64ch_32px": 0.16, cpu_speed.ATTENTION: 0.28}, 2, "measured")
+    assert s.faster and s.ratio == pytest.approx((0.31 / 1.35 * 0.16 / 0.25) ** 0.5, abs=1e-4)
+    assert s.attention_faster is False and s.attention_ratio == pytest.approx(0.28 / 0.25, abs=1e-4)
+    assert "attention" not in s.text() and s.text("attention").startswith("attention (4 heads, 256 tokens")
+    amx = cpu_speed.decide(fp32, {"mm_512": 0.1, "conv3x3_64ch_32px": 0.1, cpu_speed.ATTENTION: 0.1}, 1, "measured")
+    assert amx.attention_faster is True
+
+
+def _store(key: dict, bf16_attention: float) -> None:
+    assert disk_cache.store("speed", key, {
+        "float32_ms": {"mm_512": 1.35, "conv3x3_64ch_32px": 0.25, cpu_speed.ATTENTION: 0.25},
+        "bfloat16_ms": {"mm_512": 0.31, "conv3x3_64ch_32px": 0.16, cpu_speed.ATTENTION: bf16_attention},
+        "threads": key["threads"]}, plain=True)
+
+
+@pytest.mark.parametrize("bf16_attention, expected", [(0.28, "float32"), (0.05, "bfloat16")])
+def test_the_measured_attention_verdict_decides_either_way(bf16_attention, expected, tmp_path, monkeypatch):
+    monkeypatch.setenv(disk_cache.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv(disk_cache.ENV_SWITCH, "on")
+    monkeypatch.delenv(cpu_speed.ENV, raising=False)
+    monkeypatch.setattr(cpu_speed, "_KNOWN", {})
+    monkeypatch.setenv("TORCH_ADAPTER_CPU_FEATURES", "avx512_bf16")  # the variable, not forced(): measured
+    _store(cpu_speed._key(), bf16_attention)
+    name, why = cpu_speed.attention_compute()
+    assert name == expected, why
+    assert cpu_speed.float16_compute()[0] == "bfloat16"  # the products' verdict is its own
+    assert ("measured no faster" in why) == (expected == "float32") and "attention (4 heads" in why
+    monkeypatch.setenv(cpu_speed.ENV, "off")  # no check: the flags (no AMX tiles: float32)
+    assert cpu_speed.attention_compute()[0] == "float32"
+    monkeypatch.setenv("TORCH_ADAPTER_CPU_FEATURES", "amx")
+    assert cpu_speed.attention_compute()[0] == "bfloat16"
+    monkeypatch.setenv("TORCH_ADAPTER_CPU_FEATURES", "avx2")
+    assert cpu_speed.attention_compute()[0] == "float32"
+
+
+def test_an_entry_without_the_attention_verdict_is_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setenv(disk_cache.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv(disk_cache.ENV_SWITCH, "on")
+    monkeypatch.delenv(cpu_speed.ENV, raising=False)
+    monkeypatch.setattr(cpu_speed, "_KNOWN", {})
+    key = cpu_speed._key()
+    assert disk_cache.store("speed", key, {"float32_ms": {"mm_512": 1.0}, "bfloat16_ms": {"mm_512": 0.2},
+                                           "threads": key["threads"]}, plain=True)
+    speed = cpu_speed.bfloat16_speed()
+    assert speed.source == "measured" and speed.attention_ratio is not None
 
 
 _CHILD = """
@@ -71,8 +122,10 @@ def test_a_cpu_whose_bfloat16_is_slower_keeps_float32_with_the_reason(tmp_path, 
     monkeypatch.delenv(cpu_speed.ENV, raising=False)
     monkeypatch.setattr(cpu_speed, "_KNOWN", {})
     key = cpu_speed._key()
-    assert disk_cache.store("speed", key, {"float32_ms": {"mm_512": 0.32, "conv3x3_64ch_32px": 0.62},
-                                           "bfloat16_ms": {"mm_512": 0.41, "conv3x3_64ch_32px": 0.98},
+    assert disk_cache.store("speed", key, {"float32_ms": {"mm_512": 0.32, "conv3x3_64ch_32px": 0.62,
+                                                          cpu_speed.ATTENTION: 0.5},
+                                           "bfloat16_ms": {"mm_512": 0.41, "conv3x3_64ch_32px": 0.98,
+                                                           cpu_speed.ATTENTION: 0.6},
                                            "threads": key["threads"]}, plain=True)
     monkeypatch.setenv("TORCH_ADAPTER_CPU_FEATURES", "avx512_bf16")
     dtype, why = compute_dtype("auto")

@@ -91,6 +91,10 @@ def test_the_kind_comes_from_the_environment_and_shows_in_targets():
     with forced("avx512_bf16"):
         details = torch_adapter.describe("cpu")["details"]
     assert details["cpu_kind"] == "avx512_bf16" and details["float16_compute"] == "bfloat16"
+    assert details["float16_attention"] == "float32"  # no AMX tiles
+    assert cpu["float16_attention"] == "float32"
+    with forced("amx"):
+        assert torch_adapter.describe("cpu")["details"]["float16_attention"] == "bfloat16"
 
 
 def test_the_optimization_levels_read_the_same_capability():
@@ -119,13 +123,67 @@ def test_rewritten_calls_show_in_the_routing_report_with_their_reason():
     rows = {r.op: r for r in log.records() if r.via == "low_precision"}
     assert {"aten::convolution", "aten::_scaled_dot_product_flash_attention_for_cpu"} <= set(rows)
     assert rows.keys() & {"aten::addmm", "aten::mm", "aten::bmm"}
-    for rec in rows.values():
+    for op, rec in rows.items():
         assert rec.route == "composite" and rec.calls >= 1
-        assert rec.reason.startswith("float16 computed in "), rec.reason
+        if op == "aten::_scaled_dot_product_flash_attention_for_cpu":  # no AMX tiles: attention in float32
+            assert rec.reason.startswith("float16 computed in float32 (this CPU has bf16 units (avx512_bf16) but "
+                                         "no AMX-BF16 tiles, where torch's CPU flash attention is slower"), rec.reason
+            continue
         assert rec.reason.startswith("float16 computed in bfloat16 (this CPU has bf16 units (avx512_bf16) and no "
                                      "fp16 units"), rec.reason
     assert not any(r.via == "low_precision" for r in log32.records())  # float32 calls are not rewritten
     assert redirects and all("float16 computed in" in e.became for e in redirects)
+
+
+@pytest.mark.parametrize("gate", ["cpp", "python"])
+@pytest.mark.parametrize("kind, expected", [("avx512_bf16", torch.float32), ("amx", torch.bfloat16),
+                                            ("avx2", torch.float32)])
+def test_attention_computes_in_the_dtype_the_kind_runs_it_fastest_in(gate, kind, expected, monkeypatch):
+    """float16 attention: bfloat16 only where AMX tiles run torch's bfloat16 flash attention; without
+    them (avx512_bf16: its bfloat16 products are fast, its bfloat16 attention is not) float32. The
+    output is bit for bit the kernel's in that dtype, and the report says which and why."""
+    _backend(gate, monkeypatch)
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 48, 16).half() for _ in range(3))
+    mask = torch.randn(48, 48).half()
+    with forced(kind), torch_adapter.adapted("cpu", **FLOAT16_TENSORS) as session:
+        assert (session.low_precision.gate is not None) == (gate == "cpp")
+        with torch_adapter.trace(use_observer=False) as log:
+            out = F.scaled_dot_product_attention(q, k, v)
+            masked = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    (row,) = [r for r in log.records() if r.op == "aten::_scaled_dot_product_flash_attention_for_cpu"]
+    assert row.via == "low_precision" and row.calls == 2
+    assert row.reason.startswith(f"float16 computed in {str(expected)[6:]} ("), row.reason
+    assert out.dtype == masked.dtype == torch.float16
+
+    def computed(dtype: torch.dtype, **kw: torch.Tensor) -> torch.Tensor:
+        args = [t.float().to(dtype) for t in (q, k, v)]
+        return F.scaled_dot_product_attention(*args, **{n: t.float().to(dtype) for n, t in kw.items()}).float().half()
+
+    torch.testing.assert_close(out, computed(expected), rtol=0, atol=0)
+    torch.testing.assert_close(masked, computed(expected, attn_mask=mask), rtol=0, atol=0)
+
+
+def test_configure_recaptures_the_gate_when_attention_changes_dtype():
+    """An explicit ``float16_compute="bfloat16"`` computes attention in bfloat16 too; ``auto`` puts the
+    kind's choice back (the C++ gate captured the float32 set: it is captured again)."""
+    q = torch.randn(1, 2, 32, 16).half()
+    with forced("avx512_bf16"), torch_adapter.adapted("cpu", **FLOAT16_TENSORS) as session:
+        rewrite = session.low_precision
+        name = "aten::_scaled_dot_product_flash_attention_for_cpu"
+        assert name in rewrite.fp32_ops
+        auto = F.scaled_dot_product_attention(q, q, q)
+        torch_adapter.configure(float16_compute="bfloat16")
+        assert name not in rewrite.fp32_ops and "aten::_softmax" in rewrite.fp32_ops
+        assert rewrite.gate is None or rewrite.gate_fp32 == rewrite.fp32_ops
+        bf16 = F.scaled_dot_product_attention(q, q, q)
+        torch_adapter.configure(float16_compute="auto")
+        assert name in rewrite.fp32_ops and (rewrite.gate is None or rewrite.gate_fp32 == rewrite.fp32_ops)
+        again = F.scaled_dot_product_attention(q, q, q)
+    b = q.float().bfloat16()
+    torch.testing.assert_close(bf16, F.scaled_dot_product_attention(b, b, b).float().half(), rtol=0, atol=0)
+    torch.testing.assert_close(auto, again, rtol=0, atol=0)
+    assert not torch.equal(auto, bf16)
 
 
 def test_a_large_product_is_computed_in_bfloat16_a_tiny_one_in_float32():

@@ -14,8 +14,10 @@ Where the flags come from (first that answers):
 3. ``sysctl hw.optional`` on macOS (``FEAT_BF16``, ``FEAT_FP16``, ``AdvSIMD``);
 4. none: no low-precision units assumed (the safe answer: float32 compute).
 
-The decision table (:data:`FLOAT16_COMPUTE`, measured per kind; docs/redirect.md "Low precision"):
-what a float16 matmul/convolution/attention should compute in on this CPU.
+The decision tables (measured per kind; docs/redirect.md "Low precision"): what a float16
+matmul/convolution should compute in on this CPU (:data:`FLOAT16_COMPUTE`), and what float16
+attention should (:meth:`CpuFeatures.attention_compute`: the same, except that where that is
+bfloat16 without AMX-BF16 tiles, float32).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-__all__ = ["CpuFeatures", "cpu_features", "forced", "is_forced", "ENV_VAR", "KINDS", "FLOAT16_COMPUTE"]
+__all__ = ["CpuFeatures", "cpu_features", "forced", "is_forced", "ENV_VAR", "KINDS", "FLOAT16_COMPUTE",
+           "ATTENTION_WITHOUT_AMX"]
 
 ENV_VAR = "TORCH_ADAPTER_CPU_FEATURES"
 _AVX2 = ("sse4_2", "avx", "avx2", "fma", "f16c")
@@ -57,6 +60,14 @@ FLOAT16_COMPUTE: tuple[tuple[str, str, str], ...] = (
     ("bf16", "bfloat16", "this CPU has bf16 units ({bf16}) and no fp16 units"),
     ("", "float32", "this CPU has no fp16 or bf16 units: both are emulated there, float32 is faster"),
 )
+# Attention is not a product like the others: torch's CPU flash attention (the kernel behind
+# scaled_dot_product_attention) runs bfloat16 blocks through AMX tiles where the CPU has them and
+# otherwise converts them around float32 work. Measured on an avx512_bf16 EPYC without AMX (1 thread,
+# float32 vs bfloat16): forward 21.5 vs 24.2 ms at (2, 8, 1024, 1024, 8), 0.89 vs 0.96 ms at
+# (2, 4, 256, 256, 32), 23.3 vs 24.0 ms at (1, 8, 1024, 1024, 64), 16.7 vs 17.3 ms at (2, 8, 4096, 77, 40):
+# bfloat16 3-22 % slower everywhere, where its matmuls run 3-6x faster than float32.
+ATTENTION_WITHOUT_AMX = ("float32", "this CPU has bf16 units ({bf16}) but no AMX-BF16 tiles, where torch's CPU "
+                                    "flash attention is slower in bfloat16 than in float32")
 _HOLDS = {"amx_fp16": lambda f: "amx_fp16" in f.flags,
           "x86_bf16": lambda f: bool(f.flags & {"avx512_bf16", "amx_bf16"}),
           "fp16": lambda f: bool(f.fp16_units), "bf16": lambda f: bool(f.bf16_units), "": lambda f: True}
@@ -119,6 +130,16 @@ class CpuFeatures:
                 return dtype, why.format(fp16=fp16, bf16=bf16)
         raise AssertionError("unreachable: the table ends with an unconditional row")  # pragma: no cover
 
+    def attention_compute(self) -> tuple[str, str]:
+        """(dtype name, why): what a float16 attention (CPU flash attention, forward) computes in
+        fastest here: :meth:`float16_compute`'s answer, except float32 where that is bfloat16 without
+        AMX-BF16 tiles (:data:`ATTENTION_WITHOUT_AMX`)."""
+        name, why = self.float16_compute()
+        if name == "bfloat16" and "amx_bf16" not in self.flags:
+            dtype, text = ATTENTION_WITHOUT_AMX
+            return dtype, text.format(bf16=", ".join(self.bf16_units))
+        return name, why
+
     def fast_low_precision(self) -> str | None:
         """The dtype below float32 this CPU computes fast in (bfloat16 first), or None."""
         if self.bf16_units:
@@ -130,7 +151,7 @@ class CpuFeatures:
                 "vector_bits": self.vector_bits, "bf16_units": list(self.bf16_units),
                 "fp16_units": list(self.fp16_units), "amx": list(self.amx),
                 "torch_capability": self.torch_capability, "float16_compute": self.float16_compute()[0],
-                "fast_low_precision": self.fast_low_precision()}
+                "attention_compute": self.attention_compute()[0], "fast_low_precision": self.fast_low_precision()}
 
 
 def _parse(spec: str) -> frozenset[str]:

@@ -11,6 +11,11 @@ faster (:data:`MARGIN`). ~20 ms, once: the answer is stored in the start-up cach
 the thread count and the variables that cap torch's kernels (``ATEN_CPU_CAPABILITY``,
 ``ONEDNN_MAX_CPU_ISA``, …) — and read back by later processes (launcher ranks, notebook kernels).
 
+The same check times float16 attention's kernel (torch's CPU flash attention) in both dtypes: its
+verdict, apart from the products', decides what attention computes in (:func:`attention_compute`),
+either way — on an avx512_bf16 EPYC bfloat16 products run 3-6× faster than float32 while bfloat16
+attention runs 3-22 % slower (no AMX tiles), and where AMX packs it the flags' answer is bfloat16.
+
 ``TORCH_ADAPTER_SPEED_CHECK=off``: no measurement, the flags decide alone (also what
 :func:`~.cpu_features.forced` blocks get: a forced kind is decided by its table, as tests need).
 """
@@ -25,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Speed", "bfloat16_speed", "decide", "float16_compute", "ENV", "MARGIN"]
+__all__ = ["Speed", "bfloat16_speed", "decide", "float16_compute", "attention_compute", "ENV", "MARGIN", "ATTENTION"]
 
 ENV = "TORCH_ADAPTER_SPEED_CHECK"
 # bfloat16 counts as faster when its products take under this share of float32's time (geometric
@@ -36,6 +41,7 @@ MARGIN = 0.9
 KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
               "MKL_CBWR", "ONEDNN_DEFAULT_FPMATH_MODE")
 _OFF = ("0", "off", "false", "no")
+ATTENTION = "sdpa_4h_256x32"  # the attention product's name; the others are the products (matmul, convolution)
 _LOCK = threading.Lock()
 _KNOWN: dict[str, Speed] = {}  # key text -> answer, per process
 
@@ -46,24 +52,36 @@ class Speed:
 
     float32_ms: dict[str, float]
     bfloat16_ms: dict[str, float]
-    ratio: float  # geometric mean of bfloat16 / float32 over the products
+    ratio: float  # geometric mean of bfloat16 / float32 over the products (attention apart)
     faster: bool  # ratio < MARGIN
     threads: int
     source: str  # "measured" (this process) or "cache"
+    attention_ratio: float | None = None  # bfloat16 / float32 of the attention kernel (None: not timed)
+    attention_faster: bool | None = None  # attention_ratio < MARGIN
 
-    def text(self) -> str:
-        """``'a 512² mm 0.41 vs 0.32 ms, a 3×3 conv 0.98 vs 0.62 ms (bfloat16 vs float32)'``"""
-        names = {"mm_512": "a 512² mm", "conv3x3_64ch_32px": "a 3×3 conv"}
-        parts = [f"{names.get(k, k)} {self.bfloat16_ms[k]:.2f} vs {self.float32_ms[k]:.2f} ms"
-                 for k in self.float32_ms]
+    def text(self, which: str = "products") -> str:
+        """``'a 512² mm 0.41 vs 0.32 ms, a 3×3 conv 0.98 vs 0.62 ms (bfloat16 vs float32, 1 thread)'``;
+        ``which="attention"``: the attention kernel's times alone."""
+        names = {"mm_512": "a 512² mm", "conv3x3_64ch_32px": "a 3×3 conv",
+                 ATTENTION: "attention (4 heads, 256 tokens, 32 wide)"}
+        keys = [k for k in self.float32_ms if (k == ATTENTION) == (which == "attention")]
+        parts = [f"{names.get(k, k)} {self.bfloat16_ms[k]:.2f} vs {self.float32_ms[k]:.2f} ms" for k in keys]
         return ", ".join(parts) + f" (bfloat16 vs float32, {self.threads} thread{'s' if self.threads != 1 else ''})"
 
 
+def _ratio(float32_ms: dict[str, float], bfloat16_ms: dict[str, float], keys: list[str]) -> float | None:
+    ratios = [bfloat16_ms[k] / float32_ms[k] for k in keys if float32_ms[k] > 0 and bfloat16_ms.get(k, 0) > 0]
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else None
+
+
 def decide(float32_ms: dict[str, float], bfloat16_ms: dict[str, float], threads: int, source: str) -> Speed:
-    """The verdict from per-product best times (pure; :func:`bfloat16_speed` measures them)."""
-    ratios = [bfloat16_ms[k] / float32_ms[k] for k in float32_ms if float32_ms[k] > 0 and bfloat16_ms.get(k, 0) > 0]
-    ratio = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else 1.0
-    return Speed(dict(float32_ms), dict(bfloat16_ms), round(ratio, 4), ratio < MARGIN, threads, source)
+    """The verdicts from per-product best times (pure; :func:`bfloat16_speed` measures them): the
+    products' (geometric mean) and, where it was timed, the attention kernel's."""
+    ratio = _ratio(float32_ms, bfloat16_ms, [k for k in float32_ms if k != ATTENTION])
+    ratio = 1.0 if ratio is None else ratio
+    attention = _ratio(float32_ms, bfloat16_ms, [ATTENTION]) if ATTENTION in float32_ms else None
+    return Speed(dict(float32_ms), dict(bfloat16_ms), round(ratio, 4), ratio < MARGIN, threads, source,
+                 None if attention is None else round(attention, 4), None if attention is None else attention < MARGIN)
 
 
 def enabled() -> bool:
@@ -76,7 +94,7 @@ def _key() -> dict[str, Any]:
     from .cpu_features import _detect
 
     real = _detect(None)  # this machine's flags, whatever an override says
-    return {"check": 1, "torch": str(torch.__version__), "git": str(getattr(torch.version, "git_version", "")),
+    return {"check": 2, "torch": str(torch.__version__), "git": str(getattr(torch.version, "git_version", "")),
             "machine": platform.machine(), "flags": sorted(real.flags), "threads": torch.get_num_threads(),
             "env": {k: os.environ.get(k, "") for k in KERNEL_ENV}}
 
@@ -89,9 +107,10 @@ def _measure(reps: int = 5) -> tuple[dict[str, float], dict[str, float]]:
 
     g = torch.Generator().manual_seed(0)
     inputs = {torch.float32: (torch.randn(512, 512, generator=g), torch.randn(1, 64, 32, 32, generator=g),
-                              torch.randn(64, 64, 3, 3, generator=g))}
+                              torch.randn(64, 64, 3, 3, generator=g), torch.randn(3, 1, 4, 256, 32, generator=g))}
     inputs[torch.bfloat16] = tuple(t.bfloat16() for t in inputs[torch.float32])
-    products = {"mm_512": lambda a, x, w: a @ a, "conv3x3_64ch_32px": lambda a, x, w: F.conv2d(x, w, padding=1)}
+    products = {"mm_512": lambda a, x, w, q: a @ a, "conv3x3_64ch_32px": lambda a, x, w, q: F.conv2d(x, w, padding=1),
+                ATTENTION: lambda a, x, w, q: F.scaled_dot_product_attention(q[0], q[1], q[2])}
     best: dict[torch.dtype, dict[str, float]] = {d: {k: math.inf for k in products} for d in inputs}
     with torch.inference_mode(), torch.autocast("cpu", enabled=False):
         for _ in range(reps + 1):  # the first round warms the kernels up (oneDNN's primitive cache)
@@ -123,7 +142,9 @@ def bfloat16_speed() -> Speed | None:
         if isinstance(data, dict):
             try:
                 speed = decide(data["float32_ms"], data["bfloat16_ms"], int(data["threads"]), "cache")
-            except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                if speed.attention_ratio is None:
+                    raise KeyError(ATTENTION)
+            except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError):
                 speed = None  # an entry of another shape: measured again, rewritten
         if speed is None:
             fp32, bf16 = _measure()
@@ -150,3 +171,26 @@ def float16_compute() -> tuple[str, str]:
         return "float32", (f"{why}, but its bfloat16 kernels measured no faster than float32 here "
                            f"({speed.text()}; one-off check, {ENV}=off skips it)")
     return name, f"{why}; measured: bfloat16 products take {speed.ratio:.0%} of float32's time"
+
+
+def attention_compute() -> tuple[str, str]:
+    """(dtype name, why) of float16 attention (torch's CPU flash attention) under ``float16_compute="auto"``.
+    Where :func:`float16_compute` chose float32 or float16, the same; where it chose bfloat16, this
+    check's attention verdict (either way), else the flags' answer (:meth:`.CpuFeatures.attention_compute`:
+    float32 without AMX-BF16 tiles). Run as :func:`float16_compute` is (under ``internal()``)."""
+    from .cpu_features import cpu_features, is_forced
+
+    main, why = float16_compute()
+    if main != "bfloat16":
+        return main, why
+    features = cpu_features()
+    name, flags_why = features.attention_compute()
+    speed = None if is_forced() else bfloat16_speed()
+    if speed is None or speed.attention_faster is None:
+        return name, flags_why
+    units = ", ".join(features.bf16_units)
+    if speed.attention_faster:
+        return "bfloat16", (f"this CPU has bf16 units ({units}); measured: bfloat16 attention takes "
+                            f"{speed.attention_ratio:.0%} of float32's time ({speed.text('attention')})")
+    return "float32", (f"this CPU has bf16 units ({units}), but its bfloat16 attention kernel measured no faster "
+                       f"than float32 here ({speed.text('attention')}; one-off check, {ENV}=off skips it)")

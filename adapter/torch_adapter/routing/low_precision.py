@@ -15,7 +15,9 @@ kernel on them and casts the result back to float16. The kernels sit below autog
 autocast, so ``tensor.dtype``, autograd's saved tensors, state dicts and saved files stay
 float16; every other call (float32, bfloat16, integers) goes straight to the CPU's kernel.
 :data:`FP32_OPS` (group_norm and its backward, softmax: float16 CPU kernels slower than float32 with
-two casts) compute in float32 under any policy but the off switch. A rewritten call's float16 output
+two casts) compute in float32 under any policy but the off switch; under ``auto``, so does attention's
+forward (:data:`ATTENTION_OPS`) where the CPU's bfloat16 attention is slower than float32 (no AMX tiles:
+:func:`attention_dtype`). A rewritten call's float16 output
 keeps its compute-dtype original for the next rewritten call that takes it (:mod:`.lowp_cache`).
 
 Policy: ``install(float16_compute=...)`` / ``configure`` / ``torch-adapter run --float16-compute``:
@@ -39,7 +41,7 @@ import torch
 from ..core import torch_private as tp
 from .lowp_cache import OutputCache
 
-__all__ = ["OPS", "apply", "compute_dtype"]
+__all__ = ["OPS", "ATTENTION_OPS", "apply", "compute_dtype", "attention_dtype"]
 
 # op -> the output positions that carry the activation dtype (cast back to float16); None: one output.
 # Inputs that stay float32 whatever the activations' dtype (the attention kernel's logsumexp) are
@@ -63,6 +65,11 @@ FP32_OPS: dict[str, tuple[int, ...] | None] = {
     "aten::native_group_norm": (0, 1, 2), "aten::native_group_norm_backward": (0, 1, 2), "aten::_softmax": None,
 }
 OPS.update(FP32_OPS)
+# Attention's forward kernel computes in float32 where the CPU's bfloat16 attention is slower than its
+# float32 one although its bfloat16 products are faster (no AMX-BF16 tiles: core/cpu_features.py
+# ATTENTION_WITHOUT_AMX; measured by core/cpu_speed.py where it can be). Its backward stays with the
+# products' dtype (measured mixed without AMX: 0.39-1.39x of float32's time).
+ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu",)
 # _softmax(half_to_float=True) asks for a float32 output, which the CPU refuses: the CPU's kernel answers
 _UNCHANGED_IF_TRUE = {"aten::_softmax": 2}
 _HALF = torch.float16
@@ -119,6 +126,19 @@ def compute_dtype(policy: str) -> tuple[torch.dtype | None, str]:
     return _NAMES.get(name), f"{why}; float16_compute='auto'"
 
 
+def attention_dtype(policy: str) -> tuple[torch.dtype | None, str]:
+    """(the dtype float16 attention computes in under ``policy``, why): :func:`compute_dtype`'s, except
+    under ``auto`` where the CPU's attention answer differs (:func:`~torch_adapter.core.cpu_speed.attention_compute`)."""
+    if policy != "auto":
+        return compute_dtype(policy)
+    from ..core.cpu_speed import attention_compute
+    from .internal import internal
+
+    with internal():
+        name, why = attention_compute()
+    return _NAMES.get(name), f"{why}; float16_compute='auto'"
+
+
 class _Rewrite:
     """The session's kernels and the compute dtype they read on every call (configure changes it)."""
 
@@ -126,6 +146,8 @@ class _Rewrite:
         self.session = session
         self.dtype: torch.dtype | None = None
         self.why = ""
+        self.fp32_ops: frozenset[str] = frozenset(FP32_OPS)  # computed in float32 whatever self.dtype
+        self.gate_fp32: frozenset[str] | None = None  # the fp32 set the C++ gate captured
         self.decisions: dict[str, Any] = {}
         self.libs: list[Any] = []
         self.logged: set[str] = set()
@@ -143,8 +165,10 @@ class _Rewrite:
         from .decide import Route, RouteDecision
 
         dtype, why = compute_dtype(policy)
+        attention, attention_why = attention_dtype(policy) if dtype is torch.bfloat16 else (dtype, why)
+        fp32_ops = frozenset(FP32_OPS) | (frozenset(ATTENTION_OPS) if attention is torch.float32 else frozenset())
         with self.lock:
-            self.dtype, self.why = dtype, why
+            self.dtype, self.why, self.fp32_ops = dtype, why, fp32_ops
             short = str(dtype).replace("torch.", "")
             def small(name: str) -> str:
                 if dtype is not torch.bfloat16 or name not in _SIZE_RULES:
@@ -152,12 +176,16 @@ class _Rewrite:
                 return f"; products under {_small(name):,} multiply-adds in float32"
 
             def reason(name: str) -> str:
+                if name in ATTENTION_OPS and name in fp32_ops:
+                    return f"float16 computed in float32 ({attention_why})"
                 if name in FP32_OPS:
                     return (f"float16 computed in float32 (its float16 CPU kernel is slower than float32 with two "
                             f"casts; CUDA autocast computes it in float32 too; float16 in and out; float16_compute={policy!r})")
                 return f"float16 computed in {short} ({why}{small(name)})"
 
             self.decisions = {name: RouteDecision(name, Route.COMPOSITE, reason(name), "low_precision") for name in OPS}
+            if self.registered and self.gate is not None and dtype is not None and self.gate_fp32 != fp32_ops:
+                self.destroy_locked()  # the gate captured another float32 set: captured again below
             if dtype is not None and not self.registered:
                 self._register()
             elif dtype is None:
@@ -177,7 +205,8 @@ class _Rewrite:
         gate = half_gate.load()
         if gate is not None:
             self.gate_names = list(originals)
-            gate.capture([_gate_spec(n) for n in self.gate_names], "CPU")
+            gate.capture([_gate_spec(n, self.fp32_ops) for n in self.gate_names], "CPU")
+            self.gate_fp32 = self.fp32_ops
             gate.set_output_cache_size(self.outputs.size)  # (the gate's caches are the process's: this session's size)
             gate.set_note(self._note_index)
             gate.set_noting(len(trace.active_logs()))
@@ -251,14 +280,13 @@ class _Rewrite:
 
         rule = _SIZE_RULES.get(name)
         small = _small(name)
-        fp32 = name in FP32_OPS
         flag = _UNCHANGED_IF_TRUE.get(name)
 
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
             dtype = self.dtype
             if dtype is None or not _all_half(args, kwargs, keep) or (flag is not None and args[flag]):
                 return original.call_boxed(keyset, *args, **kwargs)
-            if fp32 or (dtype is torch.bfloat16 and rule is not None and _macs(rule, args) < small):
+            if name in self.fp32_ops or (dtype is torch.bfloat16 and rule is not None and _macs(rule, args) < small):
                 dtype = torch.float32  # a tiny product: bf16 kernels' set-up costs more than float32's work
             self._note(name)
             down = self.cast
@@ -317,11 +345,11 @@ class _Rewrite:
             log.add_decision(d, calls=1, parent=state.parent, find_site=True)
 
 
-def _gate_spec(name: str) -> tuple:
+def _gate_spec(name: str, fp32_ops: frozenset[str]) -> tuple:
     """The C++ gate's rewrite spec of ``name`` (the same rules as the Python kernel's; _half_gate.cpp Gate)."""
     outputs = OPS[name]
     return (name, _FP32_INPUTS.get(name, -1), _UNCHANGED_IF_TRUE.get(name, -1),
-            [0] if outputs is None else list(outputs), name in FP32_OPS, *_SIZE_RULES.get(name, (0, 0, 1)),
+            [0] if outputs is None else list(outputs), name in fp32_ops, *_SIZE_RULES.get(name, (0, 0, 1)),
             _small(name))
 
 

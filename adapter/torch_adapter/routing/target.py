@@ -124,16 +124,20 @@ def cpu_details() -> dict[str, Any]:
     from ..core.cpu_features import cpu_features
 
     from ..core.config import float16_tensors
-    from ..core.cpu_speed import float16_compute
+    from ..core.cpu_speed import attention_compute, float16_compute
     from .internal import internal
 
     f = cpu_features()
     with internal():  # (the flags' choice, checked by one cached measurement where it is bfloat16)
         chosen, _why = float16_compute()
+        attention, _ = attention_compute()
     measured = chosen != f.float16_compute()[0]  # the check overruled the flags
+    attention_measured = attention != f.attention_compute()[0] and not measured
     return {"cpu_kind": f.kind, "vector_bits": f.vector_bits, "bf16_units": ",".join(f.bf16_units) or "none",
             "fp16_units": ",".join(f.fp16_units) or "none", "amx": ",".join(f.amx) or "none",
             "float16_compute": chosen + (" (bfloat16 measured slower)" if measured else ""),
+            "float16_attention": attention + (f" (bfloat16 measured {'faster' if attention == 'bfloat16' else 'slower'})"
+                                              if attention_measured else ""),
             "float16_tensors": float16_tensors("auto", chosen) + " under dtype_policy='auto' (the default)",
             "float16_gate": _gate_state(), "features_from": f.source}
 
