@@ -185,3 +185,25 @@ def test_lowp_attribution_sums_real_profiles_by_group():
         assert sum(g[key] for g in groups.values()) == pytest.approx(got["total_us"][key])
     assert sum(g["share_of_difference"] for g in groups.values()) == pytest.approx(1.0)
     assert got["wall_ms"] == {"plain": 1.0, "adapted": 2.0}
+
+
+def test_attention_dtype_benchmark_records_both_dtypes_and_the_conditions(tmp_path, monkeypatch):
+    """bench_attention_dtype.py: each shape's forward (and backward) in both dtypes, the ratio from
+    those times, the CPU's flags beside them (no timing asserted)."""
+    from benchmarks import bench_attention_dtype as bench
+
+    data = bench.measure(repeats=1, shapes=((1, 2, 32, 16, 8),), backward=True)
+    (row,) = data["attention"]
+    assert row["shape"] == [1, 2, 32, 16, 8]
+    for part in ("forward", "backward"):
+        times = row[part]
+        assert times["float32_ms"] > 0 and times["bfloat16_ms"] > 0
+        assert times["ratio"] == pytest.approx(times["bfloat16_ms"] / times["float32_ms"], rel=1e-2)
+    assert data["forward_ratio_range"] == [row["forward"]["ratio"]] * 2
+    assert len(data["matmul"]) == len(bench.MATMULS)
+    monkeypatch.setattr(bench, "SHAPES", ((1, 2, 32, 16, 8),))
+    monkeypatch.setattr(bench, "MATMULS", ((16, 16, 16),))
+    monkeypatch.setattr(bench.harness, "RESULTS_DIR", tmp_path)
+    assert bench.main(["--repeats", "1", "--figures"]) == 0
+    written = json.loads((tmp_path / "attention_dtype.json").read_text())
+    assert written["meta"]["cpu"]["flags"] and "loaded" in written["meta"] and written["threads"] == 1

@@ -164,6 +164,38 @@ def test_attention_computes_in_the_dtype_the_kind_runs_it_fastest_in(gate, kind,
     torch.testing.assert_close(masked, computed(expected, attn_mask=mask), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("gate", ["cpp", "python"])
+@pytest.mark.parametrize("kind, few, many", [("avx512_bf16", torch.float32, torch.bfloat16),
+                                             ("amx", torch.bfloat16, torch.bfloat16),
+                                             ("avx2", torch.float32, torch.float32)])
+def test_attention_backward_computes_in_bfloat16_over_many_keys_where_the_forward_is_float32(
+        gate, kind, few, many, monkeypatch):
+    """Without AMX tiles the bfloat16 attention backward pays off only over 512 key tokens or more
+    (bench_attention_dtype.py): fewer keys compute in float32; with AMX, bfloat16 throughout."""
+    _backend(gate, monkeypatch)
+    bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    torch.manual_seed(4)
+
+    def inputs(keys: int) -> tuple:
+        q, k, v = torch.randn(1, 1, 8, 8).half(), torch.randn(1, 1, keys, 8).half(), torch.randn(1, 1, keys, 8).half()
+        out, lse = fwd(q.float(), k.float(), v.float())  # (before install: the CPU's own kernel)
+        return torch.randn(1, 1, 8, 8).half(), q, k, v, out.half(), lse
+
+    cases = {64: (inputs(64), few), 512: (inputs(512), many)}
+    with forced(kind), torch_adapter.adapted("cpu", **FLOAT16_TENSORS):
+        with torch_adapter.trace(use_observer=False) as log:
+            got = {keys: bwd(*args, 0.0, False) for keys, (args, _) in cases.items()}
+    (row,) = [r for r in log.records() if r.op == "aten::_scaled_dot_product_flash_attention_for_cpu_backward"]
+    assert row.via == "low_precision" and row.calls == 2
+    assert ("with under 512 key tokens in float32" in row.reason) == (kind == "avx512_bf16"), row.reason
+    for keys, (args, dtype) in cases.items():
+        grads = bwd(*(a.float().to(dtype) if a.dtype is torch.float16 else a for a in args), 0.0, False)
+        for g, want in zip(got[keys], grads):
+            assert g.dtype == torch.float16
+            torch.testing.assert_close(g, want.float().half(), rtol=0, atol=0, msg=f"{keys} keys, {dtype}")
+
+
 def test_configure_recaptures_the_gate_when_attention_changes_dtype():
     """An explicit ``float16_compute="bfloat16"`` computes attention in bfloat16 too; ``auto`` puts the
     kind's choice back (the C++ gate captured the float32 set: it is captured again)."""

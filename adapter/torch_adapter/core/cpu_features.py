@@ -63,9 +63,9 @@ FLOAT16_COMPUTE: tuple[tuple[str, str, str], ...] = (
 # Attention is not a product like the others: torch's CPU flash attention (the kernel behind
 # scaled_dot_product_attention) runs bfloat16 blocks through AMX tiles where the CPU has them and
 # otherwise converts them around float32 work. Measured on an avx512_bf16 EPYC without AMX (1 thread,
-# float32 vs bfloat16): forward 21.5 vs 24.2 ms at (2, 8, 1024, 1024, 8), 0.89 vs 0.96 ms at
-# (2, 4, 256, 256, 32), 23.3 vs 24.0 ms at (1, 8, 1024, 1024, 64), 16.7 vs 17.3 ms at (2, 8, 4096, 77, 40):
-# bfloat16 3-22 % slower everywhere, where its matmuls run 3-6x faster than float32.
+# benchmarks/bench_attention_dtype.py): the forward 2-25 % slower in bfloat16 than in float32 at all
+# eight shapes (21.4 vs 23.1 ms at (2, 8, 1024, 1024, 8), 0.90 vs 1.00 ms at (2, 4, 256, 256, 32)),
+# where its bfloat16 matmuls take 22-24 % of float32's time.
 ATTENTION_WITHOUT_AMX = ("float32", "this CPU has bf16 units ({bf16}) but no AMX-BF16 tiles, where torch's CPU "
                                     "flash attention is slower in bfloat16 than in float32")
 _HOLDS = {"amx_fp16": lambda f: "amx_fp16" in f.flags,

@@ -69,7 +69,8 @@ struct Gate {
   int64_t flag = -1;    // a bool argument: true -> the CPU's own kernel answers
   std::vector<int64_t> outputs;  // returns cast back to float16
   bool fp32 = false;    // computed in float32 whatever the policy's dtype
-  int64_t macs = 0;     // 0: no size rule; 1: a product of args[ia] and args[ib]; 2: a convolution
+  int64_t macs = 0;     // 0: no size rule; 1: a product of args[ia] and args[ib]; 2: a convolution;
+                        // 3: attention, by the key tokens of args[ib] (its size(-2))
   int64_t ia = 0, ib = 1;
   int64_t small = 0;    // under this many multiply-adds a bfloat16 product is computed in float32
 };
@@ -650,6 +651,8 @@ c10::ScalarType compute_dtype(const Gate& gate, const torch::jit::Stack& stack, 
   int64_t macs;
   if (gate.macs == 1) {
     macs = x.numel() * (w.dim() > 0 ? w.size(-1) : 1);
+  } else if (gate.macs == 3) {
+    macs = w.dim() >= 2 ? w.size(-2) : 0;
   } else {  // ~ N*H*W positions x Cout*(Cin/groups)*kh*kw weights (stride 1)
     macs = x.numel() / std::max<int64_t>(x.dim() > 1 ? x.size(1) : 1, 1) * w.numel();
   }

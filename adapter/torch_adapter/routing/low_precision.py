@@ -67,9 +67,13 @@ FP32_OPS: dict[str, tuple[int, ...] | None] = {
 OPS.update(FP32_OPS)
 # Attention's forward kernel computes in float32 where the CPU's bfloat16 attention is slower than its
 # float32 one although its bfloat16 products are faster (no AMX-BF16 tiles: core/cpu_features.py
-# ATTENTION_WITHOUT_AMX; measured by core/cpu_speed.py where it can be). Its backward stays with the
-# products' dtype (measured mixed without AMX: 0.39-1.39x of float32's time).
+# ATTENTION_WITHOUT_AMX; measured by core/cpu_speed.py where it can be). There its backward computes in
+# bfloat16 only over at least _MANY_KEYS key tokens (benchmarks/bench_attention_dtype.py on an
+# avx512_bf16 EPYC, 1 thread, bfloat16's time over float32's: 0.39-0.89x with 512-2,048 keys, 1.02-3.5x
+# with 8-256 keys and 1.15x with 77 keys over 2,048-4,096 queries), float32 below.
 ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu",)
+ATTENTION_BACKWARD = "aten::_scaled_dot_product_flash_attention_for_cpu_backward"
+_MANY_KEYS = 512
 # _softmax(half_to_float=True) asks for a float32 output, which the CPU refuses: the CPU's kernel answers
 _UNCHANGED_IF_TRUE = {"aten::_softmax": 2}
 _HALF = torch.float16
@@ -84,11 +88,24 @@ _SMALL_CONV_MACS = 1 << 22
 
 
 # op -> (size rule, the two factors' argument positions): 1 = a product of args[ia] (any shape) and
-# args[ib] (its last dim: bmm's batch included); 2 = a convolution of input args[ia] by weight args[ib].
+# args[ib] (its last dim: bmm's batch included); 2 = a convolution of input args[ia] by weight args[ib];
+# 3 = attention: the key tokens of args[ib] (the attention backward's rule where its forward is float32:
+# _size_rule).
 # One table for both rewrites: the Python kernel (_macs) and the C++ gate (_gate_spec).
 _SIZE_RULES: dict[str, tuple[int, int, int]] = {
     "aten::mm": (1, 0, 1), "aten::bmm": (1, 0, 1), "aten::addmm": (1, 1, 2), "aten::baddbmm": (1, 1, 2),
     "aten::convolution": (2, 0, 1)}
+
+
+_KEYS_RULE = (3, 1, 2)  # the attention backward's query (args[1]) and key (args[2])
+
+
+def _size_rule(name: str, fp32_ops: frozenset[str]) -> tuple[int, int, int] | None:
+    """``name``'s size rule under a float32 set: the static ones, and the attention backward's key count
+    where the forward computes in float32 (no AMX tiles: its bfloat16 backward pays off over many keys only)."""
+    if name == ATTENTION_BACKWARD:
+        return _KEYS_RULE if ATTENTION_OPS[0] in fp32_ops else None
+    return _SIZE_RULES.get(name)
 
 
 def _macs(rule: tuple[int, int, int], args: tuple) -> int:
@@ -98,10 +115,14 @@ def _macs(rule: tuple[int, int, int], args: tuple) -> int:
         return _SMALL_CONV_MACS  # not two tensors: never "small"
     if kind == 1:
         return a.numel() * b.shape[-1]
+    if kind == 3:
+        return b.shape[-2] if b.dim() >= 2 else 0
     return a.numel() // max(a.shape[1], 1) * b.numel()  # ~ N*H*W positions x Cout*(Cin/groups)*kh*kw (stride 1)
 
 
 def _small(name: str) -> int:
+    if name == ATTENTION_BACKWARD:
+        return _MANY_KEYS
     return _SMALL_CONV_MACS if name == "aten::convolution" else _SMALL_MACS
 
 
@@ -148,6 +169,7 @@ class _Rewrite:
         self.why = ""
         self.fp32_ops: frozenset[str] = frozenset(FP32_OPS)  # computed in float32 whatever self.dtype
         self.gate_fp32: frozenset[str] | None = None  # the fp32 set the C++ gate captured
+        self.rules: dict[str, tuple[int, int, int]] = {}  # op -> its size rule under fp32_ops (_size_rule)
         self.decisions: dict[str, Any] = {}
         self.libs: list[Any] = []
         self.logged: set[str] = set()
@@ -169,10 +191,15 @@ class _Rewrite:
         fp32_ops = frozenset(FP32_OPS) | (frozenset(ATTENTION_OPS) if attention is torch.float32 else frozenset())
         with self.lock:
             self.dtype, self.why, self.fp32_ops = dtype, why, fp32_ops
+            self.rules = {n: r for n in OPS if (r := _size_rule(n, fp32_ops)) is not None}
             short = str(dtype).replace("torch.", "")
             def small(name: str) -> str:
-                if dtype is not torch.bfloat16 or name not in _SIZE_RULES:
+                rule = _size_rule(name, fp32_ops)
+                if dtype is not torch.bfloat16 or rule is None:
                     return ""
+                if rule[0] == 3:
+                    return (f"; with under {_MANY_KEYS} key tokens in float32, where this CPU's bfloat16 attention "
+                            f"backward is slower")
                 return f"; products under {_small(name):,} multiply-adds in float32"
 
             def reason(name: str) -> str:
@@ -278,7 +305,6 @@ class _Rewrite:
     def _kernel(self, name: str, original: Any, outputs: tuple[int, ...] | None) -> Any:
         keep = _FP32_INPUTS.get(name)
 
-        rule = _SIZE_RULES.get(name)
         small = _small(name)
         flag = _UNCHANGED_IF_TRUE.get(name)
 
@@ -286,6 +312,7 @@ class _Rewrite:
             dtype = self.dtype
             if dtype is None or not _all_half(args, kwargs, keep) or (flag is not None and args[flag]):
                 return original.call_boxed(keyset, *args, **kwargs)
+            rule = self.rules.get(name)
             if name in self.fp32_ops or (dtype is torch.bfloat16 and rule is not None and _macs(rule, args) < small):
                 dtype = torch.float32  # a tiny product: bf16 kernels' set-up costs more than float32's work
             self._note(name)
@@ -349,7 +376,7 @@ def _gate_spec(name: str, fp32_ops: frozenset[str]) -> tuple:
     """The C++ gate's rewrite spec of ``name`` (the same rules as the Python kernel's; _half_gate.cpp Gate)."""
     outputs = OPS[name]
     return (name, _FP32_INPUTS.get(name, -1), _UNCHANGED_IF_TRUE.get(name, -1),
-            [0] if outputs is None else list(outputs), name in fp32_ops, *_SIZE_RULES.get(name, (0, 0, 1)),
+            [0] if outputs is None else list(outputs), name in fp32_ops, *(_size_rule(name, fp32_ops) or (0, 0, 1)),
             _small(name))
 
 
