@@ -110,8 +110,9 @@ def _print(data: dict[str, Any], threads: int) -> None:
         table.add_column(col, justify="right")
     for row in data["attention"]:
         f, b = row["forward"], row.get("backward")
-        table.add_row(str(tuple(row["shape"])), f"{f['float32_ms']:.3f}", f"{f['bfloat16_ms']:.3f}", f"{f['ratio']:.2f}",
-                      *([f"{b['float32_ms']:.3f}", f"{b['bfloat16_ms']:.3f}", f"{b['ratio']:.2f}"] if b else ["", "", ""]))
+        cells = [f"{f['float32_ms']:.3f}", f"{f['bfloat16_ms']:.3f}", f"{f['ratio']:.2f}"]
+        cells += [f"{b['float32_ms']:.3f}", f"{b['bfloat16_ms']:.3f}", f"{b['ratio']:.2f}"] if b else ["", "", ""]
+        table.add_row(str(tuple(row["shape"])), *cells)
     console = Console()
     console.print(table)
     for p in data["matmul"]:

@@ -14,7 +14,8 @@ the thread count and the variables that cap torch's kernels (``ATEN_CPU_CAPABILI
 The same check times float16 attention's kernel (torch's CPU flash attention) in both dtypes: its
 verdict, apart from the products', decides what attention computes in (:func:`attention_compute`),
 either way — on an avx512_bf16 EPYC bfloat16 products run 4× faster than float32 while bfloat16
-attention runs 2-25 % slower (no AMX tiles; benchmarks/bench_attention_dtype.py), and where AMX packs it the flags' answer is bfloat16.
+attention runs 2-25 % slower (no AMX tiles; benchmarks/bench_attention_dtype.py); where AMX packs
+it, the flags' answer is bfloat16.
 
 ``TORCH_ADAPTER_SPEED_CHECK=off``: no measurement, the flags decide alone (also what
 :func:`~.cpu_features.forced` blocks get: a forced kind is decided by its table, as tests need).

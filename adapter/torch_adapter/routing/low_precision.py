@@ -149,7 +149,8 @@ def compute_dtype(policy: str) -> tuple[torch.dtype | None, str]:
 
 def attention_dtype(policy: str) -> tuple[torch.dtype | None, str]:
     """(the dtype float16 attention computes in under ``policy``, why): :func:`compute_dtype`'s, except
-    under ``auto`` where the CPU's attention answer differs (:func:`~torch_adapter.core.cpu_speed.attention_compute`)."""
+    under ``auto`` where the CPU's attention answer differs
+    (:func:`~torch_adapter.core.cpu_speed.attention_compute`)."""
     if policy != "auto":
         return compute_dtype(policy)
     from ..core.cpu_speed import attention_compute
