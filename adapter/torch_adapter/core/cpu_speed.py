@@ -145,7 +145,7 @@ def bfloat16_speed() -> Speed | None:
                 speed = decide(data["float32_ms"], data["bfloat16_ms"], int(data["threads"]), "cache")
                 if speed.attention_ratio is None:
                     raise KeyError(ATTENTION)
-            except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError):
+            except (KeyError, TypeError, ValueError, ZeroDivisionError):
                 speed = None  # an entry of another shape: measured again, rewritten
         if speed is None:
             fp32, bf16 = _measure()

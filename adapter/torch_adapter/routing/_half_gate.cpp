@@ -72,7 +72,7 @@ struct Gate {
   int64_t macs = 0;     // 0: no size rule; 1: a product of args[ia] and args[ib]; 2: a convolution;
                         // 3: attention, by the key tokens of args[ib] (its size(-2))
   int64_t ia = 0, ib = 1;
-  int64_t small = 0;    // under this many multiply-adds a bfloat16 product is computed in float32
+  int64_t small = 0;    // under this size (multiply-adds; rule 3: key tokens) a bfloat16 call computes in float32
 };
 
 // Owned here; never freed while the process may still dispatch to a gate (a late caller on another

@@ -87,20 +87,18 @@ _SMALL_MACS = 1 << 20
 _SMALL_CONV_MACS = 1 << 22
 
 
-# op -> (size rule, the two factors' argument positions): 1 = a product of args[ia] (any shape) and
-# args[ib] (its last dim: bmm's batch included); 2 = a convolution of input args[ia] by weight args[ib];
-# 3 = attention: the key tokens of args[ib] (the attention backward's rule where its forward is float32:
-# _size_rule).
+# op -> (size rule, the two factors' argument positions, the size under which a bfloat16 call computes in
+# float32): 1 = a product of args[ia] (any shape) and args[ib] (its last dim: bmm's batch included);
+# 2 = a convolution of input args[ia] by weight args[ib]; 3 = attention: the key tokens of args[ib] (the
+# attention backward's rule where its forward is float32: _size_rule).
 # One table for both rewrites: the Python kernel (_macs) and the C++ gate (_gate_spec).
-_SIZE_RULES: dict[str, tuple[int, int, int]] = {
-    "aten::mm": (1, 0, 1), "aten::bmm": (1, 0, 1), "aten::addmm": (1, 1, 2), "aten::baddbmm": (1, 1, 2),
-    "aten::convolution": (2, 0, 1)}
+_SIZE_RULES: dict[str, tuple[int, int, int, int]] = {
+    "aten::mm": (1, 0, 1, _SMALL_MACS), "aten::bmm": (1, 0, 1, _SMALL_MACS), "aten::addmm": (1, 1, 2, _SMALL_MACS),
+    "aten::baddbmm": (1, 1, 2, _SMALL_MACS), "aten::convolution": (2, 0, 1, _SMALL_CONV_MACS)}
+_KEYS_RULE = (3, 1, 2, _MANY_KEYS)  # the attention backward's query (args[1]) and key (args[2])
 
 
-_KEYS_RULE = (3, 1, 2)  # the attention backward's query (args[1]) and key (args[2])
-
-
-def _size_rule(name: str, fp32_ops: frozenset[str]) -> tuple[int, int, int] | None:
+def _size_rule(name: str, fp32_ops: frozenset[str]) -> tuple[int, int, int, int] | None:
     """``name``'s size rule under a float32 set: the static ones, and the attention backward's key count
     where the forward computes in float32 (no AMX tiles: its bfloat16 backward pays off over many keys only)."""
     if name == ATTENTION_BACKWARD:
@@ -108,22 +106,16 @@ def _size_rule(name: str, fp32_ops: frozenset[str]) -> tuple[int, int, int] | No
     return _SIZE_RULES.get(name)
 
 
-def _macs(rule: tuple[int, int, int], args: tuple) -> int:
-    kind, ia, ib = rule
+def _macs(rule: tuple[int, int, int, int], args: tuple) -> int:
+    kind, ia, ib, small = rule
     a, b = args[ia], args[ib]
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return _SMALL_CONV_MACS  # not two tensors: never "small"
+        return small  # not two tensors: never "small"
     if kind == 1:
         return a.numel() * b.shape[-1]
     if kind == 3:
         return b.shape[-2] if b.dim() >= 2 else 0
     return a.numel() // max(a.shape[1], 1) * b.numel()  # ~ N*H*W positions x Cout*(Cin/groups)*kh*kw (stride 1)
-
-
-def _small(name: str) -> int:
-    if name == ATTENTION_BACKWARD:
-        return _MANY_KEYS
-    return _SMALL_CONV_MACS if name == "aten::convolution" else _SMALL_MACS
 
 
 _NAMES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -147,12 +139,10 @@ def compute_dtype(policy: str) -> tuple[torch.dtype | None, str]:
     return _NAMES.get(name), f"{why}; float16_compute='auto'"
 
 
-def attention_dtype(policy: str) -> tuple[torch.dtype | None, str]:
-    """(the dtype float16 attention computes in under ``policy``, why): :func:`compute_dtype`'s, except
-    under ``auto`` where the CPU's attention answer differs
-    (:func:`~torch_adapter.core.cpu_speed.attention_compute`)."""
-    if policy != "auto":
-        return compute_dtype(policy)
+def attention_dtype() -> tuple[torch.dtype | None, str]:
+    """(the dtype float16 attention computes in under ``auto``, why): the CPU's attention answer
+    (:func:`~torch_adapter.core.cpu_speed.attention_compute`); any other policy computes attention in
+    :func:`compute_dtype`'s dtype."""
     from ..core.cpu_speed import attention_compute
     from .internal import internal
 
@@ -170,7 +160,7 @@ class _Rewrite:
         self.why = ""
         self.fp32_ops: frozenset[str] = frozenset(FP32_OPS)  # computed in float32 whatever self.dtype
         self.gate_fp32: frozenset[str] | None = None  # the fp32 set the C++ gate captured
-        self.rules: dict[str, tuple[int, int, int]] = {}  # op -> its size rule under fp32_ops (_size_rule)
+        self.rules: dict[str, tuple[int, int, int, int]] = {}  # op -> its size rule under fp32_ops (_size_rule)
         self.decisions: dict[str, Any] = {}
         self.libs: list[Any] = []
         self.logged: set[str] = set()
@@ -188,7 +178,7 @@ class _Rewrite:
         from .decide import Route, RouteDecision
 
         dtype, why = compute_dtype(policy)
-        attention, attention_why = attention_dtype(policy) if dtype is torch.bfloat16 else (dtype, why)
+        attention, attention_why = attention_dtype() if dtype is torch.bfloat16 and policy == "auto" else (dtype, why)
         fp32_ops = frozenset(FP32_OPS) | (frozenset(ATTENTION_OPS) if attention is torch.float32 else frozenset())
         with self.lock:
             self.dtype, self.why, self.fp32_ops = dtype, why, fp32_ops
@@ -199,9 +189,9 @@ class _Rewrite:
                 if dtype is not torch.bfloat16 or rule is None:
                     return ""
                 if rule[0] == 3:
-                    return (f"; with under {_MANY_KEYS} key tokens in float32, where this CPU's bfloat16 attention "
+                    return (f"; with under {rule[3]} key tokens in float32, where this CPU's bfloat16 attention "
                             f"backward is slower")
-                return f"; products under {_small(name):,} multiply-adds in float32"
+                return f"; products under {rule[3]:,} multiply-adds in float32"
 
             def reason(name: str) -> str:
                 if name in ATTENTION_OPS and name in fp32_ops:
@@ -305,8 +295,6 @@ class _Rewrite:
 
     def _kernel(self, name: str, original: Any, outputs: tuple[int, ...] | None) -> Any:
         keep = _FP32_INPUTS.get(name)
-
-        small = _small(name)
         flag = _UNCHANGED_IF_TRUE.get(name)
 
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
@@ -314,7 +302,7 @@ class _Rewrite:
             if dtype is None or not _all_half(args, kwargs, keep) or (flag is not None and args[flag]):
                 return original.call_boxed(keyset, *args, **kwargs)
             rule = self.rules.get(name)
-            if name in self.fp32_ops or (dtype is torch.bfloat16 and rule is not None and _macs(rule, args) < small):
+            if name in self.fp32_ops or (dtype is torch.bfloat16 and rule is not None and _macs(rule, args) < rule[3]):
                 dtype = torch.float32  # a tiny product: bf16 kernels' set-up costs more than float32's work
             self._note(name)
             down = self.cast
@@ -377,8 +365,7 @@ def _gate_spec(name: str, fp32_ops: frozenset[str]) -> tuple:
     """The C++ gate's rewrite spec of ``name`` (the same rules as the Python kernel's; _half_gate.cpp Gate)."""
     outputs = OPS[name]
     return (name, _FP32_INPUTS.get(name, -1), _UNCHANGED_IF_TRUE.get(name, -1),
-            [0] if outputs is None else list(outputs), name in fp32_ops, *(_size_rule(name, fp32_ops) or (0, 0, 1)),
-            _small(name))
+            [0] if outputs is None else list(outputs), name in fp32_ops, *(_size_rule(name, fp32_ops) or (0, 0, 1, 0)))
 
 
 _HOOKS: tuple[Any, Any, Any] | None = None
