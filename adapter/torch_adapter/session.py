@@ -217,6 +217,14 @@ def _prepare(target: Any, simulate: Any, options: dict[str, Any], call: str) -> 
 
 
 def _check_policy(tgt: Target, cfg: Config) -> None:
+    if cfg.device_count is not None and tgt.device_type != "cpu":
+        raise UsageError(format_error(
+            "torch_adapter.install()/configure(device_count=...)",
+            "a target whose CUDA indices all name the CPU (cpu, or a simulated target)",
+            f"device_count={cfg.device_count} on target {tgt.label!r}",
+            why=f"on {tgt.name} every CUDA index names one of its own {tgt.device_count} device(s): "
+                "torch.cuda.device_count() answers that count",
+            fix="leave device_count unset on this target (or use target='cpu' to run the ranks on the CPU)"))
     active = current()
     if not tgt.simulated and active is not None and active.target != tgt and getattr(active.routing, "overrides", None):
         # a real target's profile is read from the dispatcher once per process: not while the active
@@ -279,7 +287,8 @@ def install(target: str | Target = "auto", *, simulate: bool = False, **options:
     ``communication_backend``, ``log_redirects``, the optimization layer (docs/tools.md):
     ``optimization_level`` ("conservative" | "balanced" | "aggressive"), ``fusion_patterns``,
     ``memory_strategy`` ("default" | "reuse" | "aggressive" | "low"), ``gradient_checkpointing``,
-    ``activation_checkpointing``, ``communication_bucket_size``; and for the tools
+    ``activation_checkpointing``, ``communication_bucket_size``; ``device_count`` (what
+    ``torch.cuda.device_count()`` answers where every CUDA index names the CPU); and for the tools
     ``debug_mode`` (False | True | "raise" | "warn" | "compare") and ``memory_server``.
 
     Installing again with the same settings returns the same session; with other settings

@@ -54,20 +54,36 @@ def _add_run(sub: Any) -> None:
                         "float32 tensors where float16 is computed in float32, float16 elsewhere; float16: as asked)")
     p.add_argument("--dtype-check", default="raise", choices=("raise", "record", "off"),
                    help="--simulate: a dtype the real target refuses raises its error (default), is recorded, or not checked")
+    p.add_argument("--device-count", type=_device_count, default=None, metavar="N",
+                   help="how many CUDA devices the CPU target shows (every index names the CPU): a program that "
+                        "asks for N GPUs (Lightning's devices=N, mp.spawn over device_count()) starts N ranks on "
+                        "the CPU (default: 1, or one per local rank under a launcher)")
     p.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")
     p.add_argument("script", metavar="SCRIPT", help="the script (or module with -m) to run")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments passed to SCRIPT")
     p.set_defaults(func=_run)
 
 
+def _device_count(text: str) -> int:
+    """``--device-count``'s type: a whole number >= 1 (argparse turns the error into exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of devices >= 1, got {text!r}")
+    return value
+
+
 def _run(args: argparse.Namespace) -> int:
     from ..launch.runner import run_script
 
+    extra = {} if args.device_count is None else {"device_count": args.device_count}
     return run_script(args.script, args.args, module=args.module, target=args.target, simulate=args.simulate,
                       report=args.report, report_json=args.report_json, amp_dtype=args.amp_dtype,
                       fallback=args.fallback, optimization_level=args.optimize,
                       float16_compute=args.float16_compute, dtype_policy=args.dtype_policy,
-                      dtype_check=args.dtype_check, exit_guard=True)
+                      dtype_check=args.dtype_check, exit_guard=True, **extra)
 
 
 def _add_targets(sub: Any) -> None:

@@ -94,6 +94,9 @@ class Config:
     activation_checkpointing: tuple[str, ...] = ()
     # DDP bucket_cap_mb for the DistributedDataParallel wrappers the script creates.
     communication_bucket_size: float | None = None
+    # How many CUDA devices torch.cuda.device_count() shows where every CUDA index names the CPU
+    # (target cpu, simulated targets); None: 1, or one per local rank under a launcher.
+    device_count: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -220,6 +223,13 @@ def _check(cfg: Config) -> None:
                                       f"{size!r} ({type(size).__name__})",
                                       why="it is the bucket_cap_mb of the DistributedDataParallel wrappers",
                                       fix="e.g. configure(communication_bucket_size=50)"))
+    count = cfg.device_count
+    if count is not None and (type(count) is not int or count < 1):
+        raise UsageError(format_error(_call("device_count"), "None or a whole number of devices >= 1",
+                                      f"{count!r} ({type(count).__name__})",
+                                      why="it is what torch.cuda.device_count() answers where every CUDA index "
+                                          "names the CPU",
+                                      fix="e.g. configure(device_count=2) for a program that asks for 2 GPUs"))
     _check_backend(cfg)
 
 

@@ -83,10 +83,14 @@ def _unsupported(name: str, original: Any) -> Any:
     return fail
 
 
-def _cpu_device_count() -> int:
-    """The CPU target's CUDA device count: one, or under a launcher one per local rank
-    (``LOCAL_WORLD_SIZE``, set by torchrun / accelerate launch), since every CUDA index names the
-    CPU: a program that checks it has a device per rank (``device_count() >= world_size``) runs."""
+def _cpu_device_count(session: Any) -> int:
+    """The CUDA device count where every CUDA index names the CPU: the session's ``device_count``
+    when set (read per call: ``configure(device_count=...)`` takes effect at once); else one, or
+    under a launcher one per local rank (``LOCAL_WORLD_SIZE``, set by torchrun / accelerate launch),
+    so a program that checks it has a device per rank (``device_count() >= world_size``) runs."""
+    asked = session.config.device_count
+    if asked is not None:
+        return asked
     try:
         return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     except ValueError:
@@ -131,7 +135,12 @@ class StandIn:
         ns["is_initialized"] = lambda: True
         ns["init"] = lambda: None
         ns["_lazy_init"] = lambda: None
-        ns["device_count"] = d("device_count", _cpu_device_count)
+        session = self.session
+
+        def device_count() -> int:
+            return _cpu_device_count(session)
+
+        ns["device_count"] = d("device_count", device_count)
 
         def current_device() -> int:
             return m.logical_index

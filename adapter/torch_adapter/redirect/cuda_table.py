@@ -48,7 +48,7 @@ TABLE: dict[str, tuple[str, str]] = {
     "current_device": (A, "the logical index last set (0)"),
     "set_device": (A, "records the logical index; all indices are the one CPU"),
     "device": (A, "context manager over the logical index"), "device_of": (A, "context manager"),
-    "device_count": (A, "1 on the CPU target (under a launcher: one per local rank, LOCAL_WORLD_SIZE); the target's count elsewhere"),
+    "device_count": (A, "1 on the CPU target (under a launcher: one per local rank, LOCAL_WORLD_SIZE; `device_count=N` / `run --device-count N` sets it); the target's count elsewhere"),
     "current_stream": (A, "the target's current stream"), "default_stream": (A, "the default stream"),
     "set_stream": (A, "sets the current stream"), "stream": (A, "context manager"),
     "synchronize": (A, "the target's synchronize (no-op on the CPU)"),
