@@ -84,6 +84,41 @@ def _t2i(name: str, launch: list[str], *extra: str) -> Case:
     return Case(name, "diffusers", build, _t2i_check, timeout=1200)
 
 
+# -- diffusers: examples/dreambooth/train_dreambooth_lora.py --------------------------------------------------------
+DREAMBOOTH = "examples/dreambooth/train_dreambooth_lora.py"
+CLASS_IMAGES = 4
+
+
+def _dreambooth(repo: Path, work: Path):
+    """Prior preservation: the script first generates the class images with a float16 pipeline (the
+    inference phase issue 22 measured), then trains LoRA layers under fp16 AMP and validates."""
+    sd = fixtures.tiny_sd(work.parent / "_tiny_sd")
+    instance = fixtures.caption_folder(work / "instance", n=4, size=32)
+    (instance / "metadata.jsonl").unlink()  # DreamBooth reads a plain folder of images
+    return [*RUN, str(repo / DREAMBOOTH), "--pretrained_model_name_or_path", str(sd), "--instance_data_dir",
+            str(instance), "--instance_prompt", "a photo of sks dog", "--with_prior_preservation",
+            "--class_data_dir", str(work / "class"), "--class_prompt", "a photo of dog", "--num_class_images",
+            str(CLASS_IMAGES), "--sample_batch_size", "2", "--prior_generation_precision", "fp16",
+            "--resolution", "32", "--train_batch_size", "1", "--max_train_steps", "2", "--checkpointing_steps", "1",
+            "--mixed_precision", "fp16", "--rank", "4", "--validation_prompt", "a sks dog", "--validation_epochs",
+            "1", "--num_validation_images", "1", "--output_dir", str(work / "out"), "--seed", "0",
+            "--report_to", "all"], work
+
+
+def _dreambooth_check(work: Path, out: str) -> str | None:
+    made = sorted((work / "class").glob("*.jpg"))
+    if len(made) != CLASS_IMAGES:
+        return f"{len(made)} class images generated, expected {CLASS_IMAGES}"
+    for need in ("pytorch_lora_weights.safetensors", "checkpoint-1", "checkpoint-2"):
+        if not (work / "out" / need).exists():
+            return f"missing {work / 'out' / need}"
+    res = subprocess.run([*RUN, str(HERE / "reload_lora.py"), str(work.parent / "_tiny_sd"), str(work / "out")],
+                         capture_output=True, text=True, env=_env(False, None), timeout=600)
+    if res.returncode != 0 or "lora reloaded ok" not in res.stdout:
+        return "saved LoRA weights do not reload: " + _reason(res.stderr)
+    return None
+
+
 # -- pytorch/examples ------------------------------------------------------------------------------------------------
 def _mnist(repo: Path, work: Path):
     fixtures.mnist_raw(work.parent / "data")  # main.py reads ../data
@@ -250,6 +285,8 @@ CASES = [
          "--mixed_precision", "fp16", "--gradient_checkpointing", "--use_ema"),
     _t2i("diffusers t2i: torch-adapter run accelerate launch", ACCEL1, "--mixed_precision", "no"),
     _t2i("diffusers t2i: torchrun 2 ranks", TORCHRUN2, "--mixed_precision", "no"),
+    Case("diffusers dreambooth LoRA: float16 class images, fp16 AMP, validation, LoRA reloaded", "diffusers",
+         _dreambooth, _dreambooth_check, timeout=1200),
     Case("pytorch/examples mnist (torch.accelerator)", "examples", _mnist, _expect(r"Test set: Average loss",
                                                                                    "mnist_cnn.pt")),
     Case("pytorch/examples imagenet resnet18: DataParallel (default path)", "examples", _imagenet("dp"),
