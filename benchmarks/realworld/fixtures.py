@@ -36,8 +36,11 @@ def _clip_vocab(folder: Path) -> None:
     (folder / "merges.txt").write_text("#version: 0.2\nr e\nre d</w>\n")
 
 
-def tiny_sd(folder: Path) -> Path:
-    """A Stable-Diffusion-1.5-layout pipeline folder (unet, vae, text_encoder, tokenizer, scheduler)."""
+def tiny_sd(folder: Path, vae_factor: int = 2) -> Path:
+    """A Stable-Diffusion-1.5-layout pipeline folder (unet, vae, text_encoder, tokenizer, scheduler).
+
+    ``vae_factor``: the VAE's downsampling (2 by default; 8 as SD's own, for programs that assume it:
+    a ControlNet's conditioning embedding downsamples its image by 8 to meet the latents)."""
     import torch
     from diffusers import AutoencoderKL, DDPMScheduler, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
@@ -60,9 +63,11 @@ def tiny_sd(folder: Path) -> Path:
                                 block_out_channels=(16, 32), down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
                                 up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=32,
                                 attention_head_dim=4, norm_num_groups=8)
-    vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16),
-                        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-                        norm_num_groups=8, sample_size=16)
+    levels = vae_factor.bit_length()  # 2 -> 2 blocks (one downsampling), 8 -> 4 blocks
+    vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4,
+                        block_out_channels=(8, 16) if levels == 2 else (8,) * levels,
+                        down_block_types=("DownEncoderBlock2D",) * levels, up_block_types=("UpDecoderBlock2D",) * levels,
+                        norm_num_groups=8, sample_size=16 * vae_factor // 2)
     scheduler = DDPMScheduler(num_train_timesteps=100, beta_schedule="scaled_linear", beta_start=0.00085,
                               beta_end=0.012, clip_sample=False)
     pipe = StableDiffusionPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
@@ -115,6 +120,20 @@ def caption_folder(folder: Path, n: int = 8, size: int = 16) -> Path:
         for i in range(n):
             _image(rng, size).save(folder / f"{i}.png")
             fh.write(json.dumps({"file_name": f"{i}.png", "text": " ".join(rng.choices(_WORDS, k=4))}) + "\n")
+    return folder
+
+
+def controlnet_folder(folder: Path, n: int = 4, size: int = 64) -> Path:
+    """An ``imagefolder`` data set for ControlNet training: ``image``, ``text`` and a second image column,
+    ``conditioning_image`` (metadata's ``conditioning_image_file_name``, which datasets loads as an image)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(1)
+    with open(folder / "metadata.jsonl", "w") as fh:
+        for i in range(n):
+            _image(rng, size).save(folder / f"{i}.png")
+            _image(rng, size).save(folder / f"cond_{i}.png")
+            fh.write(json.dumps({"file_name": f"{i}.png", "text": " ".join(rng.choices(_WORDS, k=4)),
+                                 "conditioning_image_file_name": f"cond_{i}.png"}) + "\n")
     return folder
 
 

@@ -119,6 +119,36 @@ def _dreambooth_check(work: Path, out: str) -> str | None:
     return None
 
 
+# -- diffusers: examples/controlnet/train_controlnet.py -----------------------------------------------------------------
+CONTROLNET = "examples/controlnet/train_controlnet.py"
+
+
+def _controlnet(repo: Path, work: Path):
+    """ControlNet from the UNet's weights, fp16 AMP, validation at every step (a float16 pipeline in the loop)."""
+    sd = fixtures.tiny_sd(work.parent / "_tiny_sd_vae8", vae_factor=8)  # its conditioning embedding assumes 8
+    data = fixtures.controlnet_folder(work.parent / "_controlnet_data")
+    return [*RUN, str(repo / CONTROLNET), "--pretrained_model_name_or_path", str(sd), "--train_data_dir", str(data),
+            "--resolution", "64", "--train_batch_size", "1", "--max_train_steps", "2", "--checkpointing_steps", "1",
+            "--mixed_precision", "fp16", "--validation_prompt", "red circle", "--validation_image",
+            str(data / "cond_0.png"), "--validation_steps", "1", "--num_validation_images", "1",
+            "--output_dir", str(work / "out"), "--seed", "0", "--report_to", "all"], work
+
+
+def _controlnet_check(work: Path, out: str) -> str | None:
+    runs = out.count("Running validation")
+    if runs < 3:  # after steps 1 and 2, and the final one
+        return f"validation ran {runs} times, expected 3"
+    for need in ("diffusion_pytorch_model.safetensors", "checkpoint-1", "checkpoint-2"):
+        if not (work / "out" / need).exists():
+            return f"missing {work / 'out' / need}"
+    res = subprocess.run([*RUN, str(HERE / "reload_controlnet.py"), str(work.parent / "_tiny_sd_vae8"),
+                          str(work / "out"), str(work.parent / "_controlnet_data" / "cond_0.png")],
+                         capture_output=True, text=True, env=_env(False, None), timeout=600)
+    if res.returncode != 0 or "controlnet reloaded ok" not in res.stdout:
+        return "saved ControlNet does not drive the pipeline: " + _reason(res.stderr)
+    return None
+
+
 # -- pytorch/examples ------------------------------------------------------------------------------------------------
 def _mnist(repo: Path, work: Path):
     fixtures.mnist_raw(work.parent / "data")  # main.py reads ../data
@@ -287,6 +317,8 @@ CASES = [
     _t2i("diffusers t2i: torchrun 2 ranks", TORCHRUN2, "--mixed_precision", "no"),
     Case("diffusers dreambooth LoRA: float16 class images, fp16 AMP, validation, LoRA reloaded", "diffusers",
          _dreambooth, _dreambooth_check, timeout=1200),
+    Case("diffusers controlnet: fp16 AMP, validation every step, saved ControlNet drives the pipeline", "diffusers",
+         _controlnet, _controlnet_check, timeout=1200),
     Case("pytorch/examples mnist (torch.accelerator)", "examples", _mnist, _expect(r"Test set: Average loss",
                                                                                    "mnist_cnn.pt")),
     Case("pytorch/examples imagenet resnet18: DataParallel (default path)", "examples", _imagenet("dp"),
