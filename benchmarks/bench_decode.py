@@ -17,6 +17,9 @@ an 8-token prompt with the KV cache, under ``torch.no_grad()``, written the CUDA
 
 Besides throughput kept, each configuration's cost per op in nanoseconds:
 (its median step - plain's median step) / aten ops per step (counted once, by a TorchDispatchMode).
+And, in one process and interleaved, observation split into its layers on the step itself
+(``in_process_split``: RecordFunction's floor, the observer's counting, trace()'s log), which
+step times between fresh interpreters cannot resolve.
 
     python benchmarks/bench_decode.py --quick
     python benchmarks/bench_decode.py --repeats 9 --threads 1
@@ -148,6 +151,65 @@ def per_call_costs(rounds: int = 6, calls: int = 20000) -> dict[str, float] | No
                                             for k, v in got.items() if k != "plain"}}
 
 
+def in_process_split(rounds: int = 30) -> dict[str, Any] | None:
+    """Observation's cost split into its layers on the decode step itself, in one process, interleaved
+    (step times between fresh interpreters cannot resolve these): the same adapted model stepped
+    as is (``redirect``), under a RecordFunction callback that does nothing (``rf_floor``), under the
+    op observer alone (``observer``: counts and self times, no log) and under ``trace()``
+    (``trace``: the observer plus the routing log filled at the block's end). ``kept`` is each
+    against ``redirect`` (medians over ``rounds``); ``ns_per_call`` divides the median step
+    difference by the dispatcher calls of a step. None without the C++ observer."""
+    import statistics
+    import time
+
+    import torch_adapter
+    from torch_adapter.routing import observe
+
+    ext = observe._load()
+    if ext is None:
+        return None
+    with torch_adapter.adapted(target="cpu"):
+        step = _build_decode("cuda")
+        step()
+
+        def floor() -> None:
+            ext.null_acquire()
+            try:
+                step()
+            finally:
+                ext.null_release()
+
+        def observed() -> None:
+            obs = observe.OpObserver()
+            obs.start()
+            try:
+                step()
+            finally:
+                obs.stop()
+
+        def traced() -> None:
+            with torch_adapter.trace():
+                step()
+
+        runs = {"redirect": step, "rf_floor": floor, "observer": observed, "trace": traced}
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(rounds):
+            for name, fn in runs.items():
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+        obs = observe.OpObserver()
+        obs.start()
+        step()
+        calls = sum(obs.stop().calls.values())
+    base = statistics.median(times["redirect"])
+    return {"rounds": rounds, "dispatcher_calls": calls,
+            "median_ms": {k: round(statistics.median(v) * 1e3, 3) for k, v in times.items()},
+            "kept": {k: round(base / statistics.median(v), 4) for k, v in times.items()},
+            "ns_per_call": {k: round((statistics.median(v) - base) / calls * 1e9, 1) for k, v in times.items()
+                            if k != "redirect"}}
+
+
 def ops_per_step() -> int:
     """aten calls in one plain step (below autograd, as a TorchDispatchMode sees them)."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -198,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     args.json = args.json or str(out_dir / "decode")  # docs/figures/ only when asked (--json NAME)
     ops, calls = ops_per_step(), dispatcher_calls_per_step()
     costs = per_call_costs()
+    split = in_process_split()
     results = harness.run_from_args(args, [decode], configs, default_name="decode",
                                     quick={"repeats": 5, "steps": 3, "warmup": 2, "min_block": 0.5})
     for result in results:
@@ -218,6 +281,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{costs['observer_ns_per_call'] * calls / 1e6:.2f} ms of a {plain * 1e3:.1f} ms plain step "
                   f"(observe can keep at most {plain / (plain + costs['observer_ns_per_call'] * calls / 1e9):.1%}; "
                   f"any RecordFunction counter at most {plain / (plain + costs['rf_floor_ns_per_call'] * calls / 1e9):.1%})")
+        if split is not None:
+            result.meta["in_process"] = split
+            print(f"in one process, interleaved ({split['rounds']} rounds, {split['dispatcher_calls']} dispatcher calls "
+                  "a step), kept against the redirected step: " + ", ".join(
+                      f"{k} {split['kept'][k]:.1%} (+{split['ns_per_call'][k]:.0f} ns/call)"
+                      for k in ("rf_floor", "observer", "trace")))
         result.meta["ns_per_op"] = {c.name: round((c.median_s - plain) / ops * 1e9, 1) for c in result.configs[1:]}
         target = Path(args.json)
         print(f"wrote {harness.write_json(result, target.parent if target.parent != Path('.') else None)}")

@@ -207,3 +207,24 @@ def test_attention_dtype_benchmark_records_both_dtypes_and_the_conditions(tmp_pa
     assert bench.main(["--repeats", "1", "--figures"]) == 0
     written = json.loads((tmp_path / "attention_dtype.json").read_text())
     assert written["meta"]["cpu"]["flags"] and "loaded" in written["meta"] and written["threads"] == 1
+
+
+def test_decode_split_measures_each_observation_layer_against_the_redirected_step():
+    """bench_decode.in_process_split: the four layers interleaved on the decode step, the ratios and
+    per-call costs computed from those medians, the dispatcher calls counted (no timing asserted)."""
+    pytest.importorskip("transformers")
+    from benchmarks import bench_decode
+    from torch_adapter.routing import observe
+
+    if not observe.is_compiled_available():
+        pytest.skip("needs the C++ observer (a C++ compiler and ninja)")
+    split = bench_decode.in_process_split(rounds=2)
+    assert set(split["median_ms"]) == {"redirect", "rf_floor", "observer", "trace"}
+    assert split["dispatcher_calls"] > 1000  # 32 tokens through 2 GPT-2 layers
+    med, calls = split["median_ms"], split["dispatcher_calls"]
+    for name in ("rf_floor", "observer", "trace"):
+        assert split["kept"][name] == pytest.approx(med["redirect"] / med[name], rel=1e-2)
+        assert split["ns_per_call"][name] == pytest.approx((med[name] - med["redirect"]) * 1e6 / calls, abs=1.0)
+    import torch_adapter
+
+    assert torch_adapter.current() is None  # the split leaves no session behind
