@@ -51,7 +51,7 @@ def apply(session: Any) -> None:
     chosen = _patch_groups(session, c10d)
     _patch_device_mesh(session)
     _patch_ddp(session)
-    _patch_gather_of_grad_tensors(session)
+    _patch_gather_into_tensor(session, chosen)
     _keep_destroyed_gloo_groups(session, chosen)
 
 
@@ -148,10 +148,19 @@ def _made_gloo(asked: Any, became: Any) -> bool:
     return asked != became and isinstance(became, str) and "gloo" in became
 
 
-def _patch_gather_of_grad_tensors(session: Any) -> None:
-    """gloo's ``all_gather_single`` (behind ``all_gather_into_tensor``, e.g. accelerate's ``gather(loss)``)
-    fails on an input that requires grad ("A view was created in no_grad mode…") where nccl does not.
-    c10d collectives record no autograd either way, so the input is passed detached (same storage)."""
+def _patch_gather_into_tensor(session: Any, chosen: set[int]) -> None:
+    """``all_gather_into_tensor`` (``all_gather_single``; accelerate's ``gather``) as nccl runs it, on gloo.
+
+    - An input that requires grad: gloo fails ("A view was created in no_grad mode…") where nccl does
+      not. c10d collectives record no autograd either way, so the input is passed detached (same storage).
+    - The output's shape: nccl takes any output holding world_size × the input's elements, and
+      accelerate's ``gather`` passes a flat one (``torch.empty(world * t.numel())``, viewed back as
+      ``(-1, *t.shape[1:])`` after). gloo splits the output along dim 0 and wants each piece shaped as the
+      input: a (B, C) input (logits, ``gather_for_metrics``) failed with "invalid tensor size at index
+      0 (expected (1, 16), got (16))". On the groups the adapter made gloo in place of nccl
+      (``chosen``), a contiguous output with the right number of elements is handed to gloo viewed as
+      the inputs concatenated along dim 0 — the same memory, so the caller's tensor holds the result.
+    """
     from torch.distributed import distributed_c10d as c10d
 
     orig = getattr(c10d, "all_gather_single", None)
@@ -160,12 +169,31 @@ def _patch_gather_of_grad_tensors(session: Any) -> None:
 
     @functools.wraps(orig)
     def all_gather_single(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False) -> Any:
-        if isinstance(input_tensor, torch.Tensor) and input_tensor.requires_grad:
-            input_tensor = input_tensor.detach()
+        if isinstance(input_tensor, torch.Tensor):
+            if input_tensor.requires_grad:
+                input_tensor = input_tensor.detach()
+            if isinstance(output_tensor, torch.Tensor):
+                output_tensor = _as_gloo_output(output_tensor, input_tensor, group, chosen)
         return orig(output_tensor, input_tensor, group, async_op)
 
     for owner, name, _ in bindings(orig, within="torch.distributed"):  # _functional_collectives: legacy_allgather_single
         session.patcher.set(owner, name, all_gather_single)
+
+
+def _as_gloo_output(output: torch.Tensor, inp: torch.Tensor, group: Any, chosen: set[int]) -> torch.Tensor:
+    """``output`` viewed as gloo wants it (the inputs concatenated along dim 0) where nccl would take it as is."""
+    import torch.distributed as dist
+
+    shape = tuple(inp.shape)
+    if output.dim() == inp.dim() and tuple(output.shape[1:]) == shape[1:]:
+        return output  # already the concatenated layout (or a mismatch gloo should report itself)
+    pg = group if group is not None else dist.group.WORLD
+    if pg is None or id(pg) not in chosen or not output.is_contiguous():
+        return output
+    world = dist.get_world_size(pg)
+    if output.numel() != world * inp.numel():
+        return output
+    return output.view((world * shape[0], *shape[1:]) if shape else (world,))
 
 
 def _keep_destroyed_gloo_groups(session: Any, chosen: set[int]) -> None:
