@@ -6,10 +6,11 @@ takes 0.41 ms against 0.32 ms in float32 and a 3×3 convolution 0.98 against 0.6
 with the same avx512_bf16 flag runs bfloat16 3.8× faster than float32. So where the flags choose
 bfloat16 for float16 work (:mod:`torch_adapter.routing.low_precision`, ``float16_compute="auto"``),
 this check times a matmul and a convolution in both dtypes once, and bfloat16 is used only if it is
-faster (:data:`MARGIN`). ~20 ms, once: the answer is stored in the start-up cache
-(:mod:`.disk_cache`) under everything it depends on — torch's version and build, the CPU's flags,
-the thread count and the variables that cap torch's kernels (``ATEN_CPU_CAPABILITY``,
-``ONEDNN_MAX_CPU_ISA``, …) — and read back by later processes (launcher ranks, notebook kernels).
+faster (:data:`MARGIN`). ~20 ms, once, on one thread (:data:`MEASURED_THREADS` says why): the
+answer is stored in the start-up cache (:mod:`.disk_cache`) under everything it depends on —
+torch's version and build, the CPU's flags and the variables that cap torch's kernels
+(``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, …) — and read back by later processes (launcher
+ranks, notebook kernels).
 
 The same check times float16 attention's kernel (torch's CPU flash attention) in both dtypes: its
 verdict, apart from the products', decides what attention computes in (:func:`attention_compute`),
@@ -43,6 +44,10 @@ KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "
               "MKL_CBWR", "ONEDNN_DEFAULT_FPMATH_MODE")
 _OFF = ("0", "off", "false", "no")
 ATTENTION = "sdpa_4h_256x32"  # the attention product's name; the others are the products (matmul, convolution)
+# The check times on one thread, whatever the program's count (core/threads.py: on more it would start
+# OpenMP's thread team in the program's process, and a process forked after that hangs); bfloat16
+# against float32 is a property of a core's units, which the ratio compares.
+MEASURED_THREADS = 1
 _LOCK = threading.Lock()
 _KNOWN: dict[str, Speed] = {}  # key text -> answer, per process
 
@@ -95,14 +100,22 @@ def _key() -> dict[str, Any]:
     from .cpu_features import _detect
 
     real = _detect(None)  # this machine's flags, whatever an override says
-    return {"check": 2, "torch": str(torch.__version__), "git": str(getattr(torch.version, "git_version", "")),
-            "machine": platform.machine(), "flags": sorted(real.flags), "threads": torch.get_num_threads(),
+    return {"check": 3, "torch": str(torch.__version__), "git": str(getattr(torch.version, "git_version", "")),
+            "machine": platform.machine(), "flags": sorted(real.flags), "threads": MEASURED_THREADS,
             "env": {k: os.environ.get(k, "") for k in KERNEL_ENV}}
 
 
 def _measure(reps: int = 5) -> tuple[dict[str, float], dict[str, float]]:
     """Best-of-``reps`` ms of each product in float32 and bfloat16, interleaved (a local generator:
-    the program's random stream is untouched; no autograd, no autocast)."""
+    the program's random stream is untouched; no autograd, no autocast), on one thread
+    (:data:`MEASURED_THREADS`; the program's thread count is put back after)."""
+    from .threads import one_thread
+
+    with one_thread():
+        return _timed(reps)
+
+
+def _timed(reps: int) -> tuple[dict[str, float], dict[str, float]]:
     import torch
     import torch.nn.functional as F
 

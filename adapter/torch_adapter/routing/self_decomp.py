@@ -24,6 +24,7 @@ from typing import Any
 from . import route_cache
 from .decide import RouteDecision, decide
 from .dispatch_state import state
+from ..core.threads import one_thread
 from .internal import internal
 
 __all__ = ["calls_itself", "decided", "sample_args"]
@@ -121,7 +122,9 @@ def calls_itself(name: str, profile: Any = None) -> bool | None:
         return None
     _PROBING.now.add((name, profile))
     try:
-        with internal():  # the probe's ops are the adapter's, not the user's: no observer counts them
+        # the probe's ops are the adapter's, not the user's: no observer counts them, and they never
+        # start OpenMP's thread team in the program's process (core/threads.py: a fork after it hangs)
+        with internal(), one_thread():
             return _probe(name, profile)
     finally:
         _PROBING.now.discard((name, profile))
