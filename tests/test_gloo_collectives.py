@@ -1,40 +1,79 @@
-"""Collectives a program wrote for nccl, run on the gloo group the adapter chose in its place.
+"""Collectives a program wrote for nccl, run on the gloo groups the adapter chose in its place.
 
-``all_gather_into_tensor`` (accelerate's ``gather`` / ``gather_for_metrics``): nccl takes any output with
-world_size × the input's elements — accelerate passes a flat one — while gloo wants the inputs'
-concatenation along dim 0, so gathering (B, C) logits failed under the adapter with "invalid tensor size
-at index 0 (expected (1, 16), got (16))". Two real gloo ranks (``mp.spawn``) check the nccl layout now
-works on the adapter's gloo group, and that a gloo group the program asked for itself is left as plain
-torch has it.
+nccl takes shapes and ops gloo refuses, and CUDA-written programs rely on them:
+
+- ``all_gather_into_tensor`` into a flat output (accelerate's ``gather`` / ``gather_for_metrics``): gloo
+  wants the inputs concatenated along dim 0 — gathering (B, C) logits failed with "invalid tensor size at
+  index 0 (expected (1, 16), got (16))";
+- ``reduce_scatter_tensor`` from a (world, n) stack: gloo checked ``outputShape[0] * worldSize ==
+  inputShape[0]``;
+- ``ReduceOp.PREMUL_SUM(factor)`` (nccl-only; FSDP2's ``set_gradient_divide_factor``): "Cannot use
+  ReduceOp.PREMUL_SUM with Gloo".
+
+Two real gloo ranks (``mp.spawn``) check each on the adapter's gloo group, on a subgroup made with no
+backend (a DeviceMesh's, FSDP2's), and that a gloo group the program asked for itself keeps gloo's rules.
 """
 
 from __future__ import annotations
 
+import re
 import socket
 import textwrap
 
 from conftest import run_cli
 
 SCRIPT = textwrap.dedent("""
-    import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+    import copy, os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+    from torch.distributed.fsdp import fully_shard
+
+    def attempt(rank, name, fn):
+        try:
+            print(f"rank {rank} {name}: {fn()}", flush=True)
+        except RuntimeError as exc:
+            print(f"rank {rank} {name}: refused ({str(exc).splitlines()[0][:60]})", flush=True)
 
     def worker(rank, world, backend):
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{os.environ['PORT']}", rank=rank,
                                 world_size=world)
-        x = torch.arange(6, dtype=torch.float32, device=f"cuda:{rank}").reshape(2, 3) + 10 * rank
-        x.requires_grad_()                                       # a live tensor, as a loss or logits are
-        flat = torch.empty(world * x.numel(), device=f"cuda:{rank}")   # accelerate's _gpu_gather_one
-        try:
-            dist.all_gather_into_tensor(flat, x)
-        except RuntimeError as exc:
-            print(f"rank {rank} {backend}: refused: {str(exc).splitlines()[0][:80]}", flush=True)
-        else:
+        dev = f"cuda:{rank}"
+        sub = dist.new_group(list(range(world)))                 # no backend: inherits the default group's
+
+        def gather(group=None):
+            x = (torch.arange(6., device=dev).reshape(2, 3) + 10 * rank).requires_grad_()   # live logits
+            flat = torch.empty(world * x.numel(), device=dev)    # accelerate's _gpu_gather_one
+            dist.all_gather_into_tensor(flat, x, group=group)
             expect = torch.cat([torch.arange(6.).reshape(2, 3) + 10 * r for r in range(world)])
-            print(f"rank {rank} {backend}: gathered {torch.equal(flat.view(-1, 3), expect)}", flush=True)
-        stacked = torch.empty(world * 2, 3, device=f"cuda:{rank}")   # the layout both accept
-        dist.all_gather_into_tensor(stacked, x.detach())
-        print(f"rank {rank} {backend}: concatenated {torch.equal(stacked[2 * rank:2 * rank + 2], x.detach())}",
-              flush=True)
+            return torch.equal(flat.view(-1, 3), expect)
+
+        def reduce_scatter(group=None):
+            stacked = (torch.arange(4., device=dev) + rank).view(world, 2)
+            out = torch.empty(2, device=dev)
+            dist.reduce_scatter_tensor(out, stacked, group=group)
+            return torch.equal(out, torch.arange(4.).view(world, 2)[rank] * 2 + 1)  # the sum of both ranks
+
+        def premul(group=None):
+            t = torch.ones(2, device=dev) * (rank + 1)
+            dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5), group=group)
+            return torch.equal(t, torch.full((2,), 0.5 * sum(r + 1 for r in range(world))))
+
+        def fsdp2_divide_factor():
+            torch.manual_seed(0)
+            reference = torch.nn.Linear(8, 4).to(dev)
+            model = copy.deepcopy(reference)
+            fully_shard(model)
+            model.set_gradient_divide_factor(4.0)                # PREMUL_SUM(1/4) in its reduce-scatter
+            x = torch.randn(6, 8, generator=torch.Generator().manual_seed(rank)).to(dev)
+            model(x).sum().backward()
+            reference(x).sum().backward()
+            expect = reference.weight.grad.clone()
+            dist.all_reduce(expect)
+            return torch.allclose(model.weight.grad.full_tensor(), expect / 4, atol=1e-6)
+
+        for name, fn in (("gather", gather), ("reduce_scatter", reduce_scatter), ("premul", premul)):
+            attempt(rank, name, fn)
+            attempt(rank, name + " on a subgroup", lambda: fn(sub))
+        if backend == "nccl":
+            attempt(rank, "fsdp2 divide factor", fsdp2_divide_factor)
         dist.destroy_process_group()
 
     if __name__ == "__main__":
@@ -42,25 +81,27 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _port() -> str:
+def _run(tmp_path, backend):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
-def test_a_flat_output_gathers_on_the_gloo_group_that_replaced_nccl(tmp_path):
+        port = str(s.getsockname()[1])
     (tmp_path / "g.py").write_text(SCRIPT)
-    res = run_cli("run", str(tmp_path / "g.py"), "nccl", cwd=tmp_path, timeout=300, env={"PORT": _port()})
-    assert res.returncode == 0, res.stderr[-3000:]
+    res = run_cli("run", str(tmp_path / "g.py"), backend, cwd=tmp_path, timeout=300, env={"PORT": port})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    return res.stdout
+
+
+def test_nccl_shapes_and_ops_work_on_the_gloo_groups_that_replaced_nccl(tmp_path):
+    out = _run(tmp_path, "nccl")
     for rank in (0, 1):
-        assert f"rank {rank} nccl: gathered True" in res.stdout, res.stdout + res.stderr[-2000:]
-        assert f"rank {rank} nccl: concatenated True" in res.stdout
+        for name in ("gather", "reduce_scatter", "premul"):
+            assert f"rank {rank} {name}: True" in out, out
+            assert f"rank {rank} {name} on a subgroup: True" in out, out
+        assert f"rank {rank} fsdp2 divide factor: True" in out, out
 
 
 def test_a_gloo_group_the_program_asked_for_keeps_gloos_own_rules(tmp_path):
-    (tmp_path / "g.py").write_text(SCRIPT)
-    res = run_cli("run", str(tmp_path / "g.py"), "gloo", cwd=tmp_path, timeout=300, env={"PORT": _port()})
-    assert res.returncode == 0, res.stderr[-3000:]
+    out = _run(tmp_path, "gloo")
     for rank in (0, 1):
-        assert f"rank {rank} gloo: refused: " in res.stdout, res.stdout + res.stderr[-2000:]
-        assert f"rank {rank} gloo: concatenated True" in res.stdout
+        for name in ("gather", "reduce_scatter", "premul"):
+            assert re.search(rf"rank {rank} {name}: refused", out), out

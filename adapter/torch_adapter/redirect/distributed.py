@@ -48,16 +48,47 @@ def apply(session: Any) -> None:
     if target.device_type == "cuda" and not session.config.communication_backend:
         return
 
-    chosen = _patch_groups(session, c10d)
+    groups = _patch_groups(session, c10d)
     _patch_device_mesh(session)
     _patch_ddp(session)
-    _patch_gather_into_tensor(session, chosen)
-    _keep_destroyed_gloo_groups(session, chosen)
+    _patch_gather_into_tensor(session, groups)
+    _patch_reductions(session, groups)
+    _keep_destroyed_gloo_groups(session, groups.chosen)
 
 
-def _patch_groups(session: Any, c10d: Any) -> set[int]:
+class _Groups:
+    """Which process groups run gloo because the program asked for nccl.
+
+    ``chosen``: the groups the adapter made gloo in nccl's place (``init_process_group("nccl")``,
+    ``new_group(backend="nccl")``); ``asked_gloo``: the groups the program asked gloo for itself. A group
+    made with no backend (a DeviceMesh's, FSDP2's) inherits the default group's, so it is the adapter's
+    when the default group is (:meth:`ours`)."""
+
+    def __init__(self) -> None:
+        self.chosen: set[int] = set()
+        self.asked_gloo: set[int] = set()
+
+    def ours(self, group: Any) -> bool:
+        """Does ``group`` (None: the default group) run gloo in place of the program's nccl?"""
+        import torch.distributed as dist
+
+        pg = group if group is not None else dist.group.WORLD
+        if pg is None:
+            return False
+        if id(pg) in self.chosen:
+            return True
+        world = dist.group.WORLD
+        if world is None or id(world) not in self.chosen or id(pg) in self.asked_gloo:
+            return False
+        try:
+            return dist.get_backend(pg) == "gloo"
+        except (RuntimeError, ValueError):  # not a group of this process
+            return False
+
+
+def _patch_groups(session: Any, c10d: Any) -> _Groups:
     """``init_process_group`` / ``new_group`` / ``barrier``: NCCL becomes the target's backend, CUDA
-    device ids the target's. Returns the ids of the groups the adapter made gloo in NCCL's place."""
+    device ids the target's. Returns which groups the adapter made gloo in NCCL's place (:class:`_Groups`)."""
     import torch.distributed as dist
 
     target = session.target
@@ -74,7 +105,8 @@ def _patch_groups(session: Any, c10d: Any) -> set[int]:
 
     orig_init = c10d.init_process_group
 
-    chosen: set[int] = set()  # the groups the adapter made gloo in place of nccl (see _keep_destroyed_gloo_groups)
+    groups = _Groups()
+    chosen = groups.chosen  # the groups the adapter made gloo in place of nccl (see _keep_destroyed_gloo_groups)
 
     @functools.wraps(orig_init)
     def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -104,6 +136,8 @@ def _patch_groups(session: Any, c10d: Any) -> set[int]:
         group = orig_new_group(*args, **kwargs)
         if _made_gloo(asked, args[2] if len(args) >= 3 else kwargs.get("backend")):
             chosen.add(id(group))
+        elif isinstance(asked, str) and "gloo" in asked.lower():
+            groups.asked_gloo.add(id(group))
         return group
 
     orig_barrier = c10d.barrier
@@ -120,7 +154,7 @@ def _patch_groups(session: Any, c10d: Any) -> set[int]:
                             ("new_group", new_group, orig_new_group), ("barrier", barrier, orig_barrier)):
         for owner, _, _ in bindings(orig, within="torch.distributed", name=name):
             p.set(owner, name, new)
-    return chosen
+    return groups
 
 
 def _patch_device_mesh(session: Any) -> None:
@@ -148,7 +182,7 @@ def _made_gloo(asked: Any, became: Any) -> bool:
     return asked != became and isinstance(became, str) and "gloo" in became
 
 
-def _patch_gather_into_tensor(session: Any, chosen: set[int]) -> None:
+def _patch_gather_into_tensor(session: Any, groups: _Groups) -> None:
     """``all_gather_into_tensor`` (``all_gather_single``; accelerate's ``gather``) as nccl runs it, on gloo.
 
     - An input that requires grad: gloo fails ("A view was created in no_grad mode…") where nccl does
@@ -158,7 +192,7 @@ def _patch_gather_into_tensor(session: Any, chosen: set[int]) -> None:
       ``(-1, *t.shape[1:])`` after). gloo splits the output along dim 0 and wants each piece shaped as the
       input: a (B, C) input (logits, ``gather_for_metrics``) failed with "invalid tensor size at index
       0 (expected (1, 16), got (16))". On the groups the adapter made gloo in place of nccl
-      (``chosen``), a contiguous output with the right number of elements is handed to gloo viewed as
+      (:class:`_Groups`), a contiguous output with the right number of elements is handed to gloo viewed as
       the inputs concatenated along dim 0 — the same memory, so the caller's tensor holds the result.
     """
     from torch.distributed import distributed_c10d as c10d
@@ -173,27 +207,84 @@ def _patch_gather_into_tensor(session: Any, chosen: set[int]) -> None:
             if input_tensor.requires_grad:
                 input_tensor = input_tensor.detach()
             if isinstance(output_tensor, torch.Tensor):
-                output_tensor = _as_gloo_output(output_tensor, input_tensor, group, chosen)
+                output_tensor = _concatenated(output_tensor, input_tensor, group, groups)
         return orig(output_tensor, input_tensor, group, async_op)
 
     for owner, name, _ in bindings(orig, within="torch.distributed"):  # _functional_collectives: legacy_allgather_single
         session.patcher.set(owner, name, all_gather_single)
 
 
-def _as_gloo_output(output: torch.Tensor, inp: torch.Tensor, group: Any, chosen: set[int]) -> torch.Tensor:
-    """``output`` viewed as gloo wants it (the inputs concatenated along dim 0) where nccl would take it as is."""
+def _concatenated(big: torch.Tensor, piece: torch.Tensor, group: Any, groups: _Groups) -> torch.Tensor:
+    """``big`` (world_size × ``piece``'s elements) viewed as gloo wants it — pieces shaped as ``piece``,
+    concatenated along dim 0 — where nccl would take it as it is (any shape with those elements)."""
     import torch.distributed as dist
 
-    shape = tuple(inp.shape)
-    if output.dim() == inp.dim() and tuple(output.shape[1:]) == shape[1:]:
-        return output  # already the concatenated layout (or a mismatch gloo should report itself)
-    pg = group if group is not None else dist.group.WORLD
-    if pg is None or id(pg) not in chosen or not output.is_contiguous():
-        return output
-    world = dist.get_world_size(pg)
-    if output.numel() != world * inp.numel():
-        return output
-    return output.view((world * shape[0], *shape[1:]) if shape else (world,))
+    shape = tuple(piece.shape)
+    if big.dim() == piece.dim() and tuple(big.shape[1:]) == shape[1:]:
+        return big  # already the concatenated layout (or a mismatch gloo should report itself)
+    if not groups.ours(group) or not big.is_contiguous():
+        return big
+    world = dist.get_world_size(group)
+    if big.numel() != world * piece.numel():
+        return big
+    return big.view((world * shape[0], *shape[1:]) if shape else (world,))
+
+
+def _premul_factor(op: Any) -> Any:
+    """The factor of a ``ReduceOp.PREMUL_SUM(factor)`` (``_make_nccl_premul_sum``), else None."""
+    import torch.distributed as dist
+
+    if getattr(op, "op", None) == dist.ReduceOp.RedOpType.PREMUL_SUM:
+        return getattr(op, "factor", None)
+    return None
+
+
+def _patch_reductions(session: Any, groups: _Groups) -> None:
+    """``reduce_scatter_tensor`` / ``reduce_scatter_single`` and ``all_reduce`` as nccl runs them, on gloo.
+
+    On the groups the adapter made gloo in place of nccl:
+
+    - ``reduce_scatter_tensor``'s input in any shape holding world_size × the output's elements (nccl's
+      rule; a (world, n) stack, say) is handed to gloo viewed as the outputs' concatenation along dim 0
+      (gloo checked ``outputShape[0] * worldSize == inputShape[0]`` and aborted the process);
+    - ``ReduceOp.PREMUL_SUM(factor)`` — nccl-only; FSDP2 uses it for a gradient divide factor other than
+      the group size (``set_gradient_divide_factor``) — becomes a SUM of the inputs multiplied by the
+      factor first, which is what nccl computes ("Cannot use ReduceOp.PREMUL_SUM with Gloo" before).
+      ``all_reduce`` multiplies its tensor in place (it is reduced in place anyway);
+      ``reduce_scatter`` multiplies a copy of its input.
+    """
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    orig_rs = getattr(c10d, "reduce_scatter_single", None)
+    if orig_rs is not None:
+        @functools.wraps(orig_rs)
+        def reduce_scatter_single(output: Any, input: Any, op: Any = dist.ReduceOp.SUM, group: Any = None,
+                                  async_op: bool = False) -> Any:
+            if isinstance(input, torch.Tensor) and isinstance(output, torch.Tensor) and groups.ours(group):
+                input = _concatenated(input, output, group, groups)
+                factor = _premul_factor(op)
+                if factor is not None:
+                    with torch.no_grad():
+                        input, op = input * factor, dist.ReduceOp.SUM
+            return orig_rs(output, input, op, group, async_op)
+
+        for owner, name, _ in bindings(orig_rs, within="torch.distributed"):
+            session.patcher.set(owner, name, reduce_scatter_single)
+
+    orig_ar = c10d.all_reduce
+
+    @functools.wraps(orig_ar)
+    def all_reduce(tensor: Any, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
+        factor = _premul_factor(op)
+        if factor is not None and isinstance(tensor, torch.Tensor) and groups.ours(group):
+            with torch.no_grad():
+                tensor.mul_(factor)
+            op = dist.ReduceOp.SUM
+        return orig_ar(tensor, op, group, async_op)
+
+    for owner, name, _ in bindings(orig_ar, within="torch.distributed"):
+        session.patcher.set(owner, name, all_reduce)
 
 
 def _keep_destroyed_gloo_groups(session: Any, chosen: set[int]) -> None:
