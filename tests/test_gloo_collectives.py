@@ -105,3 +105,55 @@ def test_a_gloo_group_the_program_asked_for_keeps_gloos_own_rules(tmp_path):
     for rank in (0, 1):
         for name in ("gather", "reduce_scatter", "premul"):
             assert re.search(rf"rank {rank} {name}: refused", out), out
+
+
+FSDP1 = textwrap.dedent("""
+    import functools, os, torch, torch.distributed as dist, torch.multiprocessing as mp
+    from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel as FSDP, MixedPrecision
+    from torch.distributed.fsdp import StateDictType
+    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+
+    def worker(rank, world):
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{os.environ['PORT']}", rank=rank,
+                                world_size=world)
+        torch.cuda.set_device(rank)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).cuda()
+        reference = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        model = FSDP(model, device_id=torch.cuda.current_device(),
+                     mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+                     auto_wrap_policy=functools.partial(size_based_auto_wrap_policy, min_num_params=100))
+        with FSDP.summon_full_params(model, offload_to_cpu=True):   # the program's way to look at weights
+            same = all(torch.equal(p.detach(), reference[n.replace("_fsdp_wrapped_module.", "")])
+                       for n, p in model.named_parameters())
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for _ in range(2):
+            model(torch.randn(8, 16, device="cuda")).float().pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT,
+                                  FullStateDictConfig(offload_to_cpu=True, rank0_only=True)):
+            full = model.state_dict()
+        print(f"rank {rank} fsdp1: summoned weights as made {same}, full state dict keys {len(full)}, "
+              f"trained {not torch.equal(full.get('0.weight', reference['0.weight']), reference['0.weight'])}",
+              flush=True)
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(worker, args=(2,), nprocs=2)
+""")
+
+
+def test_fsdp1_written_for_cuda_trains_and_saves_a_full_checkpoint(tmp_path):
+    """FSDP1 with ``device_id=torch.cuda.current_device()``, bfloat16 mixed precision, and a full state
+    dict offloaded to rank 0 (its usual save): the device id names the target's device, and unsharding
+    "to the CPU" where the compute device is the CPU unshards in place (torch's offload path freed the
+    parameters' storage there). Rank 0 holds the 4 tensors, rank 1 none (rank0_only)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    (tmp_path / "f.py").write_text(FSDP1)
+    res = run_cli("run", "--device-count", "2", str(tmp_path / "f.py"), cwd=tmp_path, timeout=300, env={"PORT": port})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "rank 0 fsdp1: summoned weights as made True, full state dict keys 4, trained True" in res.stdout, res.stdout
+    assert "rank 1 fsdp1: summoned weights as made True, full state dict keys 0, trained False" in res.stdout

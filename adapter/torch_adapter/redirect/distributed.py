@@ -51,6 +51,7 @@ def apply(session: Any) -> None:
     groups = _patch_groups(session, c10d)
     _patch_device_mesh(session)
     _patch_ddp(session)
+    _patch_fsdp1(session)
     _patch_gather_into_tensor(session, groups)
     _patch_reductions(session, groups)
     _keep_destroyed_gloo_groups(session, groups.chosen)
@@ -175,6 +176,69 @@ def _patch_device_mesh(session: Any) -> None:
 
     for owner, _, _ in bindings(orig_mesh, within="torch.distributed", name="init_device_mesh"):
         p.set(owner, "init_device_mesh", init_device_mesh)
+
+
+_FSDP1 = "torch.distributed.fsdp.fully_sharded_data_parallel"
+
+
+def _patch_fsdp1(session: Any) -> None:
+    """``FullyShardedDataParallel`` (FSDP1) on the target's device, once its module is imported.
+
+    - ``device_id`` (``torch.cuda.current_device()``, ``cuda:i``) names the target's device. Before, an int
+      became ``torch.device(0)`` = cuda:0 (the adapter's ordinal rule) while the parameters sat on the CPU:
+      "An FSDP-managed module unexpectedly has parameters on cpu. Make sure to move the module to cuda:0".
+      Without ``device_id`` a module the program moved "to cuda" is on the CPU target's CPU, where FSDP
+      looked for an accelerator and found none; it gets the target's device.
+    - Unsharding with ``offload_to_cpu=True`` (``FullStateDictConfig(offload_to_cpu=True,
+      rank0_only=True)``, the usual way to save a full checkpoint; ``summon_full_params(offload_to_cpu=
+      True)``) where the compute device already is the CPU unshards in place: torch's offload path on a
+      CPU compute device freed the parameters' storage ("setStorage: ... out of bounds for storage of
+      size 0"), and there is nothing to offload to.
+    """
+    from ..core.after_import import after_import
+
+    after_import(session.patcher, _FSDP1, lambda module: _adapt_fsdp1(session, module))
+
+
+def _adapt_fsdp1(session: Any, module: Any) -> None:
+    import inspect
+
+    p, mapper = session.patcher, session.device_mapper
+    fsdp = getattr(module, "FullyShardedDataParallel", None)
+    if fsdp is None:  # pragma: no cover - another torch
+        return
+    orig_init = fsdp.__init__
+    sig = inspect.signature(orig_init)
+
+    @functools.wraps(orig_init)
+    def fsdp_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        bound = sig.bind(self, *args, **kwargs)
+        dev = bound.arguments.get("device_id")
+        if dev is not None:
+            bound.arguments["device_id"] = mapper.map(dev, f"FSDP(device_id={dev!r})", ints=True)
+        elif mapper.on_cpu and bound.arguments.get("device_mesh") is None:
+            bound.arguments["device_id"] = mapper.device(None)
+        orig_init(*bound.args, **bound.kwargs)
+
+    p.set(fsdp, "__init__", fsdp_init)
+    try:
+        from torch.distributed.fsdp import _unshard_param_utils as unshard
+    except ImportError:  # pragma: no cover - another torch
+        return
+    orig_unshard = getattr(unshard, "_unshard_fsdp_state_params", None)
+    if orig_unshard is None:  # pragma: no cover
+        return
+
+    @functools.wraps(orig_unshard)
+    def unshard_state_params(module: Any, state: Any, writeback: bool, rank0_only: bool, offload_to_cpu: bool,
+                             with_grads: bool) -> Any:
+        device = getattr(state, "compute_device", None)
+        if offload_to_cpu and device is not None and device.type == "cpu":
+            offload_to_cpu = False  # already on the CPU: unshard in place
+        return orig_unshard(module, state, writeback, rank0_only, offload_to_cpu, with_grads)
+
+    for owner, name, _ in bindings(orig_unshard, within="torch.distributed", name="_unshard_fsdp_state_params"):
+        p.set(owner, name, unshard_state_params)
 
 
 def _made_gloo(asked: Any, became: Any) -> bool:
