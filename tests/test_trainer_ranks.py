@@ -52,9 +52,17 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_trainer_gathers_metrics_over_two_ranks(tmp_path):
+FSDP = ["--use_fsdp", "--fsdp_sharding_strategy", "FULL_SHARD", "--fsdp_auto_wrap_policy", "NO_WRAP",
+        "--fsdp_state_dict_type", "FULL_STATE_DICT"]
+
+
+@pytest.mark.parametrize("mode", [["--multi_gpu"], FSDP], ids=["ddp", "fsdp"])
+def test_trainer_gathers_metrics_over_two_ranks(tmp_path, mode):
+    """``fsdp``: accelerate's FSDP plugin wraps the model in FSDP1 with ``device_id=accelerator.device``
+    (cuda:<rank>) and ``sync_module_states=True``, which FSDP refused for parameters on the CPU ("requires
+    them to be on GPU": nccl broadcasts device tensors only; gloo broadcasts the CPU's)."""
     (tmp_path / "trainer.py").write_text(SCRIPT)
-    res = run_cli("run", "accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+    res = run_cli("run", "accelerate", "launch", *mode, "--num_processes", "2", "--num_machines", "1",
                   "--mixed_precision", "no", "--dynamo_backend", "no", str(tmp_path / "trainer.py"), cwd=tmp_path,
                   timeout=400)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]

@@ -194,6 +194,9 @@ def _patch_fsdp1(session: Any) -> None:
       True)``) where the compute device already is the CPU unshards in place: torch's offload path on a
       CPU compute device freed the parameters' storage ("setStorage: ... out of bounds for storage of
       size 0"), and there is nothing to offload to.
+    - ``sync_module_states=True`` (accelerate's FSDP plugin sets it) on the CPU target: FSDP refused "CPU
+      parameters or buffers when `sync_module_states=True`, which requires them to be on GPU" — nccl
+      broadcasts only device tensors; there the module's device is the CPU and gloo broadcasts them.
     """
     from ..core.after_import import after_import
 
@@ -239,6 +242,19 @@ def _adapt_fsdp1(session: Any, module: Any) -> None:
 
     for owner, name, _ in bindings(orig_unshard, within="torch.distributed", name="_unshard_fsdp_state_params"):
         p.set(owner, name, unshard_state_params)
+    if not mapper.on_cpu:
+        return
+    from torch.distributed.fsdp import _init_utils
+
+    orig_check = getattr(_init_utils, "_check_module_states_for_sync_module_states", None)
+    if orig_check is None:  # pragma: no cover
+        return
+
+    @functools.wraps(orig_check)
+    def check_module_states(module_states: list[Any]) -> None:
+        return None  # on the CPU target the module's states live on its device, the CPU; gloo broadcasts them
+
+    p.set(_init_utils, "_check_module_states_for_sync_module_states", check_module_states)
 
 
 def _made_gloo(asked: Any, became: Any) -> bool:
