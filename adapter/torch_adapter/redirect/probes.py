@@ -26,7 +26,7 @@ from typing import Any, Callable
 from ..core.after_import import after_import
 from ..core.patching import bindings, mark_stand_in, original_of
 
-__all__ = ["Probe", "PROBES", "KEEP", "apply", "patched_probes"]
+__all__ = ["Probe", "PROBES", "KEEP", "apply", "patched_probes", "owner_of"]
 
 KEEP: Any = "keep"  # the row documents a probe that needs no patch
 
@@ -95,7 +95,20 @@ PROBES: tuple[Probe, ...] = (
     Probe(_ACC, "is_triton_available", False, _TRITON),
     Probe(_ACC, "is_cuda_available", KEEP,
           "its NVML-based check calls torch.cuda.is_available(), which the stand-in answers True"),
+    # deepspeed: the CUDA accelerator it picks where torch.cuda is available (a method; "Class.method")
+    Probe("deepspeed.accelerator.cuda_accelerator", "CUDA_Accelerator.is_fp16_supported", True,
+          "DeepSpeed refuses an fp16 config below compute capability 7.0 ('Type fp16 is not supported on your "
+          "device'), and the CPU target answers (0, 0); float16 runs on the target (docs/redirect.md, Low precision)"),
 )
+
+
+def owner_of(module: Any, name: str) -> tuple[Any, str]:
+    """Where the probe ``name`` lives: the module, or for ``Class.method`` the class (None if absent)."""
+    *path, attr = name.split(".")
+    owner = module
+    for part in path:
+        owner = vars(owner).get(part) if owner is not None else None
+    return owner, attr
 
 
 def _stand_in(original: Callable[..., Any], probe: Probe, state: "_State") -> Callable[..., Any]:
@@ -130,13 +143,14 @@ class _State:
     def patch_module(self, module: Any) -> list[tuple[Any, Callable[..., Any]]]:
         done = []
         for probe in self.table.get(module.__name__, ()):
-            original = vars(module).get(probe.name)
+            owner, attr = owner_of(module, probe.name)
+            original = vars(owner).get(attr) if owner is not None else None
             if original is None or not callable(original) or hasattr(original, "_torch_adapter_probe"):
                 continue
             stand_in = self.stand_ins.get(id(original))
             if stand_in is None:
                 stand_in = self.stand_ins[id(original)] = _stand_in(original, probe, self)
-            self.session.patcher.set(module, probe.name, stand_in)
+            self.session.patcher.set(owner, attr, stand_in)
             done.append((original, stand_in))
         return done
 
