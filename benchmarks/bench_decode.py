@@ -75,6 +75,22 @@ decode = workloads.Workload("gpt2_decode", _build_decode,
                             f"tiny GPT-2 (2 layers, 64 wide) greedy decoding {TOKENS} tokens at batch 1, KV cache")
 
 
+def _observing() -> Callable[[], Any]:
+    """The op observer alone around each block: counts and self times, no routing log."""
+    @contextlib.contextmanager
+    def context() -> Iterator[None]:
+        from torch_adapter.routing import observe
+
+        obs = observe.OpObserver()
+        obs.start()
+        try:
+            yield
+        finally:
+            obs.stop()
+
+    return context
+
+
 def _tracing() -> Callable[[], Any]:
     @contextlib.contextmanager
     def context() -> Iterator[None]:
@@ -166,38 +182,19 @@ def in_process_split(rounds: int = 60) -> dict[str, Any] | None:
     import torch_adapter
     from torch_adapter.routing import observe
 
-    ext = observe._load()
-    if ext is None:
+    if observe._load() is None:
         return None
     with torch_adapter.adapted(target="cpu"):
         step = _build_decode("cuda")
         step()
-
-        def floor() -> None:
-            ext.null_acquire()
-            try:
-                step()
-            finally:
-                ext.null_release()
-
-        def observed() -> None:
-            obs = observe.OpObserver()
-            obs.start()
-            try:
-                step()
-            finally:
-                obs.stop()
-
-        def traced() -> None:
-            with torch_adapter.trace():
-                step()
-
-        runs = {"redirect": step, "rf_floor": floor, "observer": observed, "trace": traced}
-        times: dict[str, list[float]] = {name: [] for name in runs}
+        layers = {"redirect": contextlib.nullcontext, "rf_floor": _record_function_floor(),
+                  "observer": _observing(), "trace": _tracing()}
+        times: dict[str, list[float]] = {name: [] for name in layers}
         for _ in range(rounds):
-            for name, fn in runs.items():
+            for name, layer in layers.items():
                 t0 = time.perf_counter()
-                fn()
+                with layer():
+                    step()
                 times[name].append(time.perf_counter() - t0)
         obs = observe.OpObserver()
         obs.start()
