@@ -11,6 +11,7 @@ empty start-up cache (a first run): see tests/test_fork_safety.py for why that m
 from __future__ import annotations
 
 import re
+import socket
 
 import nbformat
 from nbclient import NotebookClient
@@ -42,10 +43,10 @@ def train():
           f"{torch.distributed.get_backend()}: logits {tuple(gathered.shape)}, "
           f"weights equal {torch.equal(weights[:3], weights[3:])}", flush=True)
 
-notebook_launcher(train, num_processes=2)
+notebook_launcher(train, num_processes=2, use_port="{port}")  # not 29500: other tests' launchers
 '''
 
-CELLS = ["%load_ext torch_adapter", TRAIN,
+CELLS = ["%load_ext torch_adapter", TRAIN,  # TRAIN gets a free port
          "x = torch.ones(2, device='cuda') * 3\nprint('after the launch:', x.device, torch.cuda.is_available())"]
 
 
@@ -53,8 +54,11 @@ def test_notebook_launcher_trains_two_ranks_from_an_adapted_kernel(tmp_path, mon
     # an empty start-up cache: the kernel's %load_ext does its first-run work (the speed check where
     # bfloat16 units are), which once started OpenMP's team in the kernel and hung the forked ranks
     monkeypatch.setenv("TORCH_ADAPTER_CACHE_DIR", str(tmp_path / "cache"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
+    nb.cells = [nbformat.v4.new_code_cell(src.replace("{port}", str(port))) for src in CELLS]
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     text = "".join(o.get("text", "") for o in nb.cells[1].outputs if o.get("output_type") == "stream")
     assert "Launching training on 2 CUDAs." in text, text

@@ -11,6 +11,7 @@ gradient checkpointing and the fused AdamW ride along.
 from __future__ import annotations
 
 import re
+import socket
 import textwrap
 
 import pytest
@@ -62,7 +63,11 @@ def test_trainer_gathers_metrics_over_two_ranks(tmp_path, mode):
     (cuda:<rank>) and ``sync_module_states=True``, which FSDP refused for parameters on the CPU ("requires
     them to be on GPU": nccl broadcasts device tensors only; gloo broadcasts the CPU's)."""
     (tmp_path / "trainer.py").write_text(SCRIPT)
-    res = run_cli("run", "accelerate", "launch", *mode, "--num_processes", "2", "--num_machines", "1",
+    with socket.socket() as s:  # not accelerate's default 29500, which other tests' launchers use
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    res = run_cli("run", "accelerate", "launch", *mode, "--main_process_port", port, "--num_processes", "2",
+                  "--num_machines", "1",
                   "--mixed_precision", "no", "--dynamo_backend", "no", str(tmp_path / "trainer.py"), cwd=tmp_path,
                   timeout=400)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
