@@ -48,9 +48,9 @@ SPAWN_SCRIPT = textwrap.dedent("""
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
         t = torch.ones(3, device=f"cuda:{rank}")
         dist.all_reduce(t)
-        print("spawned rank", rank, t[0].item(), flush=True)
+        print(f"spawned rank {rank} {t[0].item()}", flush=True)  # one write a line: both ranks print at once
         dist.destroy_process_group()                       # before returning: no group left at exit
-        print("group destroyed:", not dist.is_initialized(), flush=True)
+        print(f"group destroyed: {not dist.is_initialized()}", flush=True)
 
     if __name__ == "__main__":
         s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
