@@ -39,7 +39,8 @@ def _no_adapter_leaks():
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
     """`python -m torch_adapter ARGS` in a fresh interpreter (as a user runs it)."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    # PYTHONFAULTHANDLER: a rank that dies of a signal (SIGABRT, SIGSEGV) prints every thread's Python stack
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
     full_env.pop("TORCH_ADAPTER_AUTOINSTALL", None)
     return subprocess.run([sys.executable, "-m", "torch_adapter", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
