@@ -1,0 +1,235 @@
+"""The emulated accelerator: a real out-of-tree device on this machine, built the way torch_npu is.
+
+``install(target="npu", emulate=True)`` (``torch-adapter run --target npu --emulate``,
+``%adapter target npu --emulate``) starts it: the C++ extension ``_device.cpp`` beside this file
+(built once per torch version and cached; ``python -m torch_adapter.emulated build`` builds it ahead,
+as CI and the package's set-up do) registers the PrivateUse1 dispatch key's allocator, device guard,
+hooks and kernels; PrivateUse1 is renamed to the target's name (``torch.utils.rename_privateuse1_backend``),
+``torch.npu`` is registered as its device module (:mod:`.device_module`), the tensor methods are
+generated (``Tensor.npu()``, ``is_npu``, storages), and the collective backend ``hccl`` is registered
+(:mod:`.collectives`). From then on ``torch.empty(3, device="npu")`` is a tensor of a device type of
+its own, whose memory is host memory.
+
+What runs where (the vendor's table decides, ``../shared/target-data/ascend``):
+
+- an op the table lists (and torch can run on the host) is a **device kernel**: the CPU's kernel on
+  the device's memory, no copy;
+- an op with a CompositeImplicitAutograd or CompositeExplicitAutograd kernel and no device kernel
+  **decomposes** in the dispatcher, as on the real device;
+- every other op reaches the key's **boxed fallback**: torch's own ``at::native::cpu_fallback``,
+  which really copies the inputs to the host and the results back — counted, timed and sized per op
+  (:func:`fallback_counts`).
+
+The device, its name and its module are process-wide and stay for the process's life (torch cannot
+rename PrivateUse1 twice, and neither can torch_npu be unloaded): uninstalling the adapter takes
+its redirection off, not the device. Only ``npu`` can be emulated: ``mps``, ``xpu`` and ``cuda`` are
+device types built into torch, which PrivateUse1 cannot be renamed to.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..errors import TargetError, format_error
+
+__all__ = ["EMULATABLE", "NOT_EMULATABLE", "SOURCE", "Emulator", "build", "start", "active", "is_built",
+           "check_emulatable", "fallback_counts", "native_counts", "kernel_ops"]
+
+SOURCE = Path(__file__).with_name("_device.cpp")
+
+# Targets that can be emulated, and why the others cannot.
+EMULATABLE = {"npu": "Ascend NPU: torch_npu's device type 'npu' on the PrivateUse1 dispatch key"}
+NOT_EMULATABLE = {
+    "mps": "'mps' is a device type built into torch (DeviceType::MPS): PrivateUse1 cannot be renamed to it",
+    "xpu": "'xpu' is a device type built into torch (DeviceType::XPU): PrivateUse1 cannot be renamed to it",
+    "cuda": "'cuda' is a device type built into torch (DeviceType::CUDA): PrivateUse1 cannot be renamed to it",
+    "mtia": "'mtia' is a device type built into torch (DeviceType::MTIA): PrivateUse1 cannot be renamed to it",
+    "cpu": "the CPU target already runs on this machine's own device",
+}
+
+# Ops the device handles with its own mechanisms (copies, storage, metadata), never as a wrapped kernel.
+_OWN = frozenset({
+    "copy_", "_copy_from", "_copy_from_and_resize", "_to_copy", "to", "_local_scalar_dense", "item",
+    "empty", "empty_strided", "set_", "resize_", "as_strided", "view", "_reshape_alias", "alias", "unfold",
+    "view_as_real", "view_as_complex", "is_pinned", "_pin_memory", "record_stream", "lift", "lift_fresh",
+    "lift_fresh_copy", "_has_compatible_shallow_copy_type", "is_set_to", "_resize_output_",
+})
+# Ops whose CUDA kernels take host tensors among device ones (index tensors): no cross-device error.
+_MIXED_OK = ("aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_")
+
+_LOCK = threading.Lock()
+
+
+@dataclass
+class Emulator:
+    """The emulated device of this process."""
+
+    name: str
+    ext: Any
+    module: Any
+    kernels: tuple[str, ...]  # ops registered as device kernels ("add.Tensor")
+    not_kernels: dict[str, str] = field(default_factory=dict)  # listed op -> why it is no device kernel here
+
+    @property
+    def device_count(self) -> int:
+        return int(self.ext.device_count())
+
+    def set_device_count(self, n: int) -> None:
+        self.ext.set_device_count(int(n))
+        self.module.default_generators = tuple(self.ext.default_generator(i) for i in range(int(n)))
+
+
+_ACTIVE: Emulator | None = None
+
+
+def active() -> Emulator | None:
+    """The emulated device started in this process, if any."""
+    return _ACTIVE
+
+
+def _ext_name() -> str:
+    from ..core.torch_private import extension_name
+
+    return extension_name("torch_adapter_emulated", SOURCE)
+
+
+def is_built() -> bool:
+    """The extension for this torch is built and cached (no compile at the next start)."""
+    from ..core.torch_private import extension_build_dir
+
+    d = extension_build_dir(_ext_name())
+    return any(d.glob("*.so")) if d.is_dir() else False
+
+
+def _first_error(text: str) -> str:
+    for line in text.splitlines():
+        if re.search(r"\berror\b", line):
+            return line.strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else "(no compiler output)"
+
+
+def build(*, verbose: bool = False) -> Any:
+    """Build (once per torch version, cached) and import the C++ extension; a failure raises one
+    TargetError with the compiler's first error line and how to retry."""
+    from ..core import torch_private
+
+    if not torch_private.can_build_extensions():
+        raise TargetError(format_error(
+            "torch_adapter emulated device (build)", "a C++ compiler ($CXX or c++) and ninja",
+            "none found on this machine", why="the emulated device is a C++ extension of torch",
+            fix="install a compiler and ninja (Debian: apt-get install -y g++ ninja-build), then retry"))
+    try:
+        return torch_private.load_extension(_ext_name(), SOURCE, verbose=verbose)
+    except Exception as exc:  # a compiler error, a link error, a broken cache
+        text = str(exc) + "\n" + str(getattr(exc, "output", "") or "")
+        from ..core.torch_private import extension_build_dir
+
+        raise TargetError(format_error(
+            "torch_adapter emulated device (build)", f"{SOURCE.name} compiled against torch",
+            _first_error(text), why="the emulated device's C++ extension did not build; nothing was installed",
+            fix=(f"retry with `python -m torch_adapter.emulated build --verbose` to see the whole log; "
+                 f"a stale cache is removed with `rm -rf {extension_build_dir(_ext_name())}`"))) from exc
+
+
+def check_emulatable(name: str) -> None:
+    """Raise TargetError unless ``name`` can be emulated here."""
+    if name in NOT_EMULATABLE or name not in EMULATABLE:
+        why = NOT_EMULATABLE.get(name, "torch_adapter has no emulated device and no op table for it")
+        raise TargetError(format_error(
+            f"torch_adapter.install(target={name!r}, emulate=True)", f"a target that can be emulated: "
+            f"{', '.join(EMULATABLE)}", repr(name), why=why,
+            fix=(f"emulate npu (install(target='npu', emulate=True)), or preview {name} with "
+                 f"install(target={name!r}, simulate=True)")))
+    if importlib.util.find_spec("torch_npu") is not None:
+        raise TargetError(format_error(
+            f"torch_adapter.install(target={name!r}, emulate=True)", "a machine without torch_npu",
+            "torch_npu is installed", why="torch_npu owns the PrivateUse1 key and the device type 'npu': "
+            "an emulated npu beside it would be a second device of the same name",
+            fix="use the real NPU: install(target='npu') without emulate"))
+    import torch
+
+    current = torch._C._get_privateuse1_backend_name()
+    if current not in ("privateuseone", name):
+        raise TargetError(format_error(
+            f"torch_adapter.install(target={name!r}, emulate=True)", "PrivateUse1 free or already named "
+            f"{name!r}", f"PrivateUse1 is named {current!r} in this process",
+            why="another out-of-tree backend is loaded; torch has one PrivateUse1 key",
+            fix="emulate in a fresh process without that backend"))
+
+
+def kernel_ops(native: Iterable[str]) -> tuple[list[str], dict[str, str]]:
+    """The ops of a vendor table that become device kernels (``add.Tensor`` spelling), and for the
+    others the reason: decomposes above the key, a view (metadata), the device's own, or no host kernel."""
+    import torch
+
+    names: list[str] = []
+    skipped: dict[str, str] = {}
+    for op in sorted(native):
+        base, _, overload = op.partition("::")[2].partition(".")
+        short = f"{base}.{overload}" if overload else base
+        if base in _OWN:
+            skipped[op] = "the device's own (copy, storage or metadata kernel)"
+            continue
+        try:
+            schema = torch._C._get_schema(f"aten::{base}", overload)
+        except RuntimeError:
+            skipped[op] = "not an op of this torch"
+            continue
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op, "CompositeImplicitAutograd"):
+            skipped[op] = "CompositeImplicitAutograd: decomposes above the device key"
+        elif any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
+            skipped[op] = "a view: metadata over the device's storage"
+        elif not torch._C._dispatch_has_computed_kernel_for_dispatch_key(op, "CPU"):
+            skipped[op] = "no host kernel to run it with on this machine"
+        else:
+            names.append(short)
+    return names, skipped
+
+
+def start(name: str, native: Iterable[str], *, device_count: int = 1) -> Emulator:
+    """Start the emulated ``name`` in this process (idempotent): build, register, rename."""
+    global _ACTIVE
+    with _LOCK:
+        if _ACTIVE is not None:
+            if _ACTIVE.name != name:
+                raise TargetError(format_error(
+                    f"torch_adapter.install(target={name!r}, emulate=True)", f"the emulated {_ACTIVE.name}",
+                    repr(name), why="one process has one PrivateUse1 device", fix="use a fresh process"))
+            if device_count != _ACTIVE.device_count:
+                _ACTIVE.set_device_count(device_count)
+            return _ACTIVE
+        check_emulatable(name)
+        import torch
+
+        ext = build()
+        kernels, skipped = kernel_ops(native)
+        ext.set_device_count(int(device_count))
+        ext.register_hooks()
+        if torch._C._get_privateuse1_backend_name() != name:
+            torch.utils.rename_privateuse1_backend(name)
+        from . import collectives, device_module
+
+        module = device_module.make(name, ext)
+        torch._register_device_module(name, module)
+        torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_packed_sequence=True,
+                                                             for_storage=True)
+        ext.register_native(kernels, list(_MIXED_OK))
+        collectives.register(name)
+        _ACTIVE = Emulator(name, ext, module, tuple(kernels), skipped)
+        return _ACTIVE
+
+
+def fallback_counts(*, reset: bool = False) -> dict[str, tuple[int, int, int]]:
+    """Per op that reached the fallback: (calls, nanoseconds, bytes copied between host and device)."""
+    return dict(_ACTIVE.ext.fallback_counts(reset)) if _ACTIVE is not None else {}
+
+
+def native_counts(*, reset: bool = False) -> dict[str, tuple[int, int, int]]:
+    """Per device-kernel op (only while counting is on): (calls, nanoseconds, 0)."""
+    return dict(_ACTIVE.ext.native_counts(reset)) if _ACTIVE is not None else {}

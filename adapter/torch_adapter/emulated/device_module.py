@@ -1,0 +1,198 @@
+"""``torch.npu`` for the emulated device: the device module torch_npu registers, answered by the
+emulated device's C++ extension (its allocator's statistics, its generators, its guard).
+
+Built per process by :func:`make`, registered with ``torch._register_device_module``; the
+adapter's real-target path (``redirect/cuda_ns.py``) delegates ``torch.cuda.*`` to these names
+exactly as it does to torch_npu's. Streams and events are torch's generic ``torch.Stream`` /
+``torch.Event`` on the device (the guard makes them synchronous; events time with the host clock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import types
+from typing import Any, Iterator
+
+import torch
+
+__all__ = ["make"]
+
+
+def _host_total() -> int:
+    """The host's physical memory: the emulated device's memory is the host's."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 0
+
+
+def make(name: str, ext: Any) -> types.ModuleType:
+    """The module ``torch.<name>`` for the emulated device driven by ``ext``."""
+    mod = types.ModuleType(f"torch.{name}")
+    mod.__doc__ = (f"torch.{name} of torch_adapter's emulated {name} (a PrivateUse1 device whose memory is "
+                   "host memory; see torch_adapter/emulated).")
+
+    def index(device: Any = None) -> int:
+        if device is None:
+            return int(ext.current_device())
+        if isinstance(device, int):
+            return device
+        if isinstance(device, str):
+            device = torch.device(device)
+        if isinstance(device, torch.device):
+            if device.type != name:
+                raise ValueError(f"torch.{name}: expected a {name} device, got {device}")
+            return int(ext.current_device()) if device.index is None else device.index
+        raise TypeError(f"torch.{name}: expected a device index, a string or a torch.device, got {device!r}")
+
+    def _pub(fn: Any, as_name: str | None = None) -> Any:
+        setattr(mod, as_name or fn.__name__, fn)
+        return fn
+
+    # -- devices ---------------------------------------------------------------------------
+    _pub(lambda: True, "is_available")
+    _pub(lambda: True, "is_initialized")
+    _pub(lambda: None, "init")
+    _pub(lambda: None, "_lazy_init")
+    _pub(lambda: False, "_is_in_bad_fork")
+    _pub(lambda: int(ext.device_count()), "device_count")
+    _pub(lambda: int(ext.current_device()), "current_device")
+
+    @_pub
+    def set_device(device: Any) -> None:
+        i = index(device)
+        if i >= 0:
+            ext.set_device(i)
+
+    @_pub
+    def synchronize(device: Any = None) -> None:
+        index(device)  # the device computes when an op is called: nothing is pending
+
+    class device:  # noqa: N801 - torch's spelling
+        """Context manager that selects a device."""
+
+        def __init__(self, device: Any) -> None:
+            self.idx = -1 if device is None else index(device)
+            self.prev_idx = -1
+
+        def __enter__(self) -> None:
+            self.prev_idx = int(ext.current_device())
+            if self.idx >= 0:
+                ext.set_device(self.idx)
+
+        def __exit__(self, *exc: Any) -> bool:
+            if self.idx >= 0:
+                ext.set_device(self.prev_idx)
+            return False
+
+    class device_of(device):  # noqa: N801
+        def __init__(self, obj: Any) -> None:
+            super().__init__(obj.get_device() if obj.device.type == name else -1)
+
+    mod.device, mod.device_of = device, device_of
+
+    @_pub
+    def get_device_name(device: Any = None) -> str:
+        index(device)
+        return f"emulated {name} on {platform.processor() or platform.machine()} (torch_adapter)"
+
+    @_pub
+    def get_device_properties(device: Any = None) -> Any:
+        i = index(device)
+        return types.SimpleNamespace(name=get_device_name(i), total_memory=_host_total(),
+                                     multi_processor_count=os.cpu_count() or 1, type=name, index=i)
+
+    _pub(lambda: [torch.float16, torch.bfloat16, torch.float32], "get_amp_supported_dtype")
+    _pub(lambda including_emulation=True: True, "is_bf16_supported")
+
+    # -- streams and events ----------------------------------------------------------------
+    class _Generic(type):
+        """isinstance(x, torch.npu.Stream) holds for torch's generic objects of the device."""
+
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, cls._base) and getattr(obj, "device_type", name) == name  # type: ignore[attr-defined]
+
+    class Stream(metaclass=_Generic):
+        """A stream of the emulated device: torch's generic ``torch.Stream`` (synchronous)."""
+
+        _base = torch.Stream
+
+        def __new__(cls, device: Any = None, priority: int = 0) -> Any:  # type: ignore[misc]
+            return torch.Stream(device=torch.device(name, index(device)), priority=priority)
+
+    class Event(metaclass=_Generic):
+        """An event of the emulated device: torch's generic ``torch.Event`` (recorded at once,
+        timed with the host clock)."""
+
+        _base = torch.Event
+
+        def __new__(cls, enable_timing: bool = False, blocking: bool = False,  # type: ignore[misc]
+                    interprocess: bool = False) -> Any:
+            return torch.Event(device=torch.device(name, int(ext.current_device())), enable_timing=enable_timing,
+                               blocking=blocking, interprocess=interprocess)
+
+    mod.Stream, mod.Event = Stream, Event
+
+    def _stream(device: Any = None) -> Any:
+        return torch.accelerator.current_stream(torch.device(name, index(device)))
+
+    mod.current_stream = _stream
+    mod.default_stream = lambda device=None: torch.Stream(device=torch.device(name, index(device)))
+    mod.set_stream = lambda stream: torch.accelerator.set_stream(stream)
+
+    @contextlib.contextmanager
+    def stream(s: Any) -> Iterator[Any]:
+        if s is None:
+            yield s
+            return
+        prev = torch.accelerator.current_stream(s.device)
+        torch.accelerator.set_stream(s)
+        try:
+            yield s
+        finally:
+            torch.accelerator.set_stream(prev)
+
+    mod.stream = stream
+    mod.StreamContext = stream
+
+    # -- RNG ---------------------------------------------------------------------------------
+    def gen(device: Any = None) -> Any:
+        return ext.default_generator(index(device))
+
+    mod.default_generators = tuple(ext.default_generator(i) for i in range(int(ext.device_count())))
+    _pub(lambda seed: gen().manual_seed(int(seed)) and None, "manual_seed")
+    _pub(lambda seed: [ext.default_generator(i).manual_seed(int(seed)) for i in range(ext.device_count())]
+         and None, "manual_seed_all")
+    _pub(lambda: gen().seed() and None, "seed")
+    _pub(lambda: [ext.default_generator(i).seed() for i in range(ext.device_count())] and None, "seed_all")
+    _pub(lambda: gen().initial_seed(), "initial_seed")
+    _pub(lambda device=None: gen(device).get_state(), "get_rng_state")
+    _pub(lambda new_state, device=None: gen(device).set_state(new_state), "set_rng_state")
+    _pub(lambda: [ext.default_generator(i).get_state() for i in range(ext.device_count())], "get_rng_state_all")
+
+    @_pub
+    def set_rng_state_all(new_states: Any) -> None:
+        for i, state in enumerate(new_states):
+            ext.default_generator(i).set_state(state)
+
+    # -- memory: the device allocator's own statistics ---------------------------------------
+    def stats(device: Any = None) -> dict[str, Any]:
+        return dict(ext.memory_stats(index(device)))
+
+    _pub(stats, "memory_stats")
+    _pub(lambda device=None: stats(device)["allocated_bytes.all.current"], "memory_allocated")
+    _pub(lambda device=None: stats(device)["allocated_bytes.all.peak"], "max_memory_allocated")
+    _pub(lambda device=None: stats(device)["reserved_bytes.all.current"], "memory_reserved")
+    _pub(lambda device=None: stats(device)["reserved_bytes.all.peak"], "max_memory_reserved")
+    _pub(lambda device=None: ext.reset_peak(index(device)), "reset_peak_memory_stats")
+    _pub(lambda device=None: ext.reset_peak(index(device)), "reset_max_memory_allocated")
+    _pub(lambda: None, "empty_cache")  # no cache: freed blocks go back to the host at once
+
+    @_pub
+    def mem_get_info(device: Any = None) -> tuple[int, int]:
+        total = _host_total()
+        return max(total - stats(device)["allocated_bytes.all.current"], 0), total
+
+    return mod
