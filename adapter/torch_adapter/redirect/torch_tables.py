@@ -5,7 +5,10 @@ once, at their first use, from torch's attributes of that moment (``_torch_priva
 attribute_caches``): ``torch.overrides``' overridable / ignored / testing-override tables and
 ``resolve_name``'s index, the set of ``Tensor`` methods that ``torch.fx`` turns into
 ``call_method`` nodes, and ``torch.utils._device``'s factory set (``with torch.device``,
-``set_default_device``). While installed, the names hold the adapter's stand-ins
+``set_default_device``), and the Tensor methods a lazy module's uninitialized parameters accept
+(``torch.nn.parameter.UninitializedTensorMixin._allowed_methods``: ``LazyLinear(4).to("cuda")``
+raised "Attempted to use an uninitialized parameter in <function Tensor.to>" without the stand-in
+there). While installed, the names hold the adapter's stand-ins
 (``torch.zeros_like`` is a wrapper, ``Tensor.to`` a Python function), and torch hands the
 stand-in itself to ``__torch_function__`` wherever it looks the name up (``Tensor`` methods;
 the factory wrappers, which run the protocol themselves: :mod:`.devices`). A table that knows
@@ -72,12 +75,16 @@ def _hashable(obj: Any) -> bool:
 
 def _tables() -> list[Any]:
     """The containers of torch's functions: sets, dicts keyed by function, lists in dicts."""
+    import torch
     import torch.overrides as overrides
 
     overridable, index = overrides._get_overridable_functions()
     tables: list[Any] = [tp.device_constructors(), overrides.get_ignored_functions(),
                          overrides.get_testing_overrides(), index, overrides._get_tensor_methods()]
     tables += [funcs for funcs in overridable.values() if isinstance(funcs, list)]
+    # The Tensor methods a lazy module's UninitializedParameter / UninitializedBuffer lets through
+    # (moves and casts: Tensor.to, .cuda, .half …), a list built as torch.nn is imported.
+    tables.append(torch.nn.parameter.UninitializedTensorMixin._allowed_methods)
     return tables
 
 
