@@ -25,6 +25,7 @@ ROOT = "torch_adapter"
 LAYERS: list[set[str]] = [
     {"errors", "_version"},
     {"core"},  # state, patching, the import hook, config, private torch APIs, safe writer, call sites
+    {"emulated"},  # the emulated accelerator: a PrivateUse1 device built by the project (a target's device)
     {"redirect", "routing"},  # the two mechanisms: entry-point patches; op routes and their execution
     {"optimization", "tools"},  # what optimization_level does; debug/memory/profiler/export
     {"session"},  # install/uninstall/adapted/configure: puts the layers below together

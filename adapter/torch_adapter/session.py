@@ -86,7 +86,10 @@ class AdapterSession:
         self.active = True
 
     def _enforces(self, cfg: Config) -> bool:
-        return bool(self.target.simulated or cfg.fallback != "allow" or cfg.force_cpu or cfg.deny)
+        """Whether the routing engine runs: simulated targets, policies, and every real device target
+        other than the host (ops it lacks that a decomposition covers run decomposed, as routed)."""
+        on_device = not self.target.simulated and self.target.device_type not in ("cpu", "cuda")
+        return bool(self.target.simulated or on_device or cfg.fallback != "allow" or cfg.force_cpu or cfg.deny)
 
     def _apply_low_precision(self) -> None:
         from .routing import low_precision
@@ -188,7 +191,10 @@ class AdapterSession:
             cfg[key] = list(cfg[key])
         profile = str(self.target.details.get("profile", "")) if self.target.simulated else ""
         name = profile if profile.endswith(".toml") else self.target.name
-        return {"target": name, "simulate": self.target.simulated, **cfg}
+        out = {"target": name, "simulate": self.target.simulated, **cfg}
+        if self.target.emulated:
+            out["emulate"] = True
+        return out
 
     # -- user-facing -----------------------------------------------------------------
     def uninstall(self) -> None:
@@ -200,12 +206,16 @@ class AdapterSession:
                 "redirects": self.redirect_log.summary()}
 
 
-def _prepare(target: Any, simulate: Any, options: dict[str, Any], call: str) -> tuple[Target, Config]:
-    """Check everything an install needs — target, options, policy op names — touching nothing."""
-    if not isinstance(simulate, bool):
-        raise UsageError(format_error(f"{call}(simulate=...)", "True or False", f"{simulate!r} ({type(simulate).__name__})",
-                                      fix="e.g. install('mps', simulate=True)"))
-    tgt = resolve(target, simulate=simulate)
+def _prepare(target: Any, simulate: Any, options: dict[str, Any], call: str,
+             emulate: Any = False) -> tuple[Target, Config]:
+    """Check everything an install needs — target, options, policy op names — touching nothing
+    (an emulated target's device is started: a process-wide device, as importing torch_npu is)."""
+    for flag, value, example in (("simulate", simulate, "install('mps', simulate=True)"),
+                                 ("emulate", emulate, "install('npu', emulate=True)")):
+        if not isinstance(value, bool):
+            raise UsageError(format_error(f"{call}({flag}=...)", "True or False", f"{value!r} ({type(value).__name__})",
+                                          fix=f"e.g. {example}"))
+    tgt = resolve(target, simulate=simulate, emulate=emulate)
     if "memory_server" not in options:
         from .tools.memory_server import env_enabled
 
@@ -213,18 +223,28 @@ def _prepare(target: Any, simulate: Any, options: dict[str, Any], call: str) -> 
             options = {**options, "memory_server": True}
     cfg = make_config(options)
     _check_policy(tgt, cfg)
+    if tgt.emulated and cfg.device_count is not None:
+        from . import emulated
+
+        em = emulated.active()
+        if em is not None and em.device_count != cfg.device_count:
+            em.set_device_count(cfg.device_count)
+        from dataclasses import replace
+
+        tgt = replace(tgt, device_count=cfg.device_count)
     return tgt, cfg
 
 
 def _check_policy(tgt: Target, cfg: Config) -> None:
-    if cfg.device_count is not None and tgt.device_type != "cpu":
+    if cfg.device_count is not None and tgt.device_type != "cpu" and not tgt.emulated:
         raise UsageError(format_error(
             "torch_adapter.install()/configure(device_count=...)",
-            "a target whose CUDA indices all name the CPU (cpu, or a simulated target)",
+            "a target whose CUDA indices all name the CPU (cpu, or a simulated target) or an emulated one",
             f"device_count={cfg.device_count} on target {tgt.label!r}",
             why=f"on {tgt.name} every CUDA index names one of its own {tgt.device_count} device(s): "
                 "torch.cuda.device_count() answers that count",
-            fix="leave device_count unset on this target (or use target='cpu' to run the ranks on the CPU)"))
+            fix="leave device_count unset on this target (or use target='cpu' to run the ranks on the CPU, or "
+                "target='npu' with emulate=True for an emulated device with that many devices)"))
     active = current()
     if not tgt.simulated and active is not None and active.target != tgt and getattr(active.routing, "overrides", None):
         # a real target's profile is read from the dispatcher once per process: not while the active
@@ -275,12 +295,14 @@ def _open_new(tgt: Target, cfg: Config) -> AdapterSession:
     return session
 
 
-def install(target: str | Target = "auto", *, simulate: bool = False, **options: Any) -> AdapterSession:
+def install(target: str | Target = "auto", *, simulate: bool = False, emulate: bool = False,
+            **options: Any) -> AdapterSession:
     """Install the adapter: CUDA-written code now runs on ``target``.
 
     ``target`` is ``"auto"`` (the best present: cuda > npu > xpu > mps > cpu) or a name;
-    ``simulate=True`` previews another backend's routing while executing on this machine.
-    Options: ``amp_dtype`` ("auto" | "float16" | "bfloat16" | "float32"; or
+    ``simulate=True`` previews another backend's routing while executing on this machine;
+    ``emulate=True`` executes it on an emulated device of the project's own (``npu``: a real
+    PrivateUse1 device whose memory is host memory, torch_adapter/emulated). Options: ``amp_dtype`` ("auto" | "float16" | "bfloat16" | "float32"; or
     ``mixed_precision`` "fp16" | "bf16" | "fp32" | None), ``float16_compute`` ("auto" | "bfloat16" |
     "float32" | "float16"), ``dtype_policy`` ("auto" | "float16" | "float32"), ``fallback`` ("allow" | "warn" |
     "error"), ``force_cpu``, ``deny``, ``propagate`` (adapt child processes too),
@@ -296,7 +318,7 @@ def install(target: str | Target = "auto", *, simulate: bool = False, **options:
     one working). ``uninstall()`` restores torch exactly.
     """
     with _LOCK:
-        tgt, cfg = _prepare(target, simulate, options, "torch_adapter.install")
+        tgt, cfg = _prepare(target, simulate, options, "torch_adapter.install", emulate)
         previous = current()
         if previous is not None and previous.same_as(tgt, cfg):
             return previous
@@ -345,7 +367,8 @@ def _resume(session: AdapterSession | None) -> None:
 
 
 @contextlib.contextmanager
-def adapted(target: str | Target = "auto", *, simulate: bool = False, **options: Any) -> Iterator[AdapterSession]:
+def adapted(target: str | Target = "auto", *, simulate: bool = False, emulate: bool = False,
+            **options: Any) -> Iterator[AdapterSession]:
     """``with adapted(target="cpu"):`` — installed inside the block, restored after.
 
     With a session installed before the block and other settings, that session is
@@ -354,7 +377,7 @@ def adapted(target: str | Target = "auto", *, simulate: bool = False, **options:
     several threads may share one session; other settings from another thread raise.
     """
     with _LOCK:
-        tgt, cfg = _prepare(target, simulate, options, "torch_adapter.adapted")
+        tgt, cfg = _prepare(target, simulate, options, "torch_adapter.adapted", emulate)
         outer = current()
         if outer is not None and outer.same_as(tgt, cfg):
             session = outer
@@ -395,7 +418,7 @@ def suspended() -> Iterator[AdapterSession | None]:
             _resume(outer)
 
 
-def switch(target: str | Target = "auto", *, simulate: bool = False) -> AdapterSession:
+def switch(target: str | Target = "auto", *, simulate: bool = False, emulate: bool = False) -> AdapterSession:
     """``%adapter target NAME``: make ``target`` the active one, keeping the session's options.
 
     The session active before is suspended, not closed; switching back to its target
@@ -403,7 +426,7 @@ def switch(target: str | Target = "auto", *, simulate: bool = False) -> AdapterS
     with _LOCK:
         active = current()
         options = active.config.as_dict() if active is not None else {}
-        tgt, cfg = _prepare(target, simulate, options, "torch_adapter.switch")
+        tgt, cfg = _prepare(target, simulate, options, "torch_adapter.switch", emulate)
         if active is not None and active.target == tgt:
             return active
         back = next((s for s, why in reversed(_state.STACK) if why == "switch" and s.target == tgt), None)

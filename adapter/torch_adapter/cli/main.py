@@ -37,6 +37,9 @@ def _add_run(sub: Any) -> None:
                                    "Works under torchrun: torchrun --nproc-per-node 2 -m torch_adapter run train.py")
     p.add_argument("--target", default="auto", help="auto (default), cpu, cuda, npu, xpu, mps, or a profile .toml")
     p.add_argument("--simulate", action="store_true", help="preview TARGET's routing while executing on this machine")
+    p.add_argument("--emulate", action="store_true",
+                   help="execute on an emulated TARGET (npu): a real out-of-tree device built by the project, whose "
+                        "memory is host memory; ops the vendor's table lacks really fall back (copied to the CPU)")
     p.add_argument("--report", action="store_true", help="print what was redirected and how ops were routed at exit")
     p.add_argument("--report-json", metavar="PATH", help="write the routing log (and redirects) as JSON to PATH")
     p.add_argument("--amp-dtype", default="auto", choices=("auto", "float16", "bfloat16", "float32"),
@@ -55,7 +58,7 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--dtype-check", default="raise", choices=("raise", "record", "off"),
                    help="--simulate: a dtype the real target refuses raises its error (default), is recorded, or not checked")
     p.add_argument("--device-count", type=_device_count, default=None, metavar="N",
-                   help="how many CUDA devices the CPU target shows (every index names the CPU): a program that "
+                   help="how many CUDA devices the CPU target (or the emulated device) shows: a program that "
                         "asks for N GPUs (Lightning's devices=N, mp.spawn over device_count()) starts N ranks on "
                         "the CPU (default: 1, or one per local rank under a launcher)")
     p.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")
@@ -78,7 +81,9 @@ def _device_count(text: str) -> int:
 def _run(args: argparse.Namespace) -> int:
     from ..launch.runner import run_script
 
-    extra = {} if args.device_count is None else {"device_count": args.device_count}
+    extra: dict[str, Any] = {} if args.device_count is None else {"device_count": args.device_count}
+    if args.emulate:
+        extra["emulate"] = True
     return run_script(args.script, args.args, module=args.module, target=args.target, simulate=args.simulate,
                       report=args.report, report_json=args.report_json, amp_dtype=args.amp_dtype,
                       fallback=args.fallback, optimization_level=args.optimize,
@@ -107,7 +112,7 @@ def _targets(args: argparse.Namespace) -> int:
                 "details"):
         table.add_column(col)
     for r in rows:
-        kind = "simulated" if r.get("simulated") else "real"
+        kind = "simulated" if r.get("simulated") else "emulated" if r.get("emulated") else "real"
         ops = (f"{r['native_ops']}/{r['composite_ops']}/{r['fallback_ops']}" if "native_ops" in r else "")
         details = dict(r.get("details", {}))
         note = details.pop("note", "") or details.pop("reason", "")

@@ -12,10 +12,12 @@ its own, whose memory is host memory.
 
 What runs where (the vendor's table decides, ``../shared/target-data/ascend``):
 
-- an op the table lists (and torch can run on the host) is a **device kernel**: the CPU's kernel on
-  the device's memory, no copy;
-- an op with a CompositeImplicitAutograd or CompositeExplicitAutograd kernel and no device kernel
-  **decomposes** in the dispatcher, as on the real device;
+- an op the table lists is a **device kernel**: where torch has a CPU kernel for it, that kernel on
+  the device's memory (no copy; what it calls inside is not seen, as a device kernel's insides are
+  not); where its only kernel is a composite one, that kernel run as the device's (its pieces on the
+  device);
+- an op the table does not list but a CompositeImplicitAutograd or CompositeExplicitAutograd kernel
+  covers **decomposes** in the dispatcher, as on the real device;
 - every other op reaches the key's **boxed fallback**: torch's own ``at::native::cpu_fallback``,
   which really copies the inputs to the host and the results back — counted, timed and sized per op
   (:func:`fallback_counts`).
@@ -54,11 +56,12 @@ NOT_EMULATABLE = {
 
 # Ops the device handles with its own mechanisms (copies, storage, metadata), never as a wrapped kernel.
 _OWN = frozenset({
-    "copy_", "_copy_from", "_copy_from_and_resize", "_to_copy", "to", "_local_scalar_dense", "item",
-    "empty", "empty_strided", "set_", "resize_", "as_strided", "view", "_reshape_alias", "alias", "unfold",
-    "view_as_real", "view_as_complex", "is_pinned", "_pin_memory", "record_stream", "lift", "lift_fresh",
-    "lift_fresh_copy", "_has_compatible_shallow_copy_type", "is_set_to", "_resize_output_",
+    "_copy_from", "_copy_from_and_resize", "_local_scalar_dense", "empty", "empty_strided", "set_", "resize_",
+    "as_strided", "view", "_reshape_alias", "alias", "unfold", "view_as_real", "view_as_complex",
+    "is_pinned", "_pin_memory", "record_stream", "_has_compatible_shallow_copy_type", "is_set_to",
 })
+# Copies between devices: their composite kernel runs on the device (it reaches the device's _copy_from).
+_CROSS_DEVICE = frozenset({"copy_", "_to_copy", "lift", "lift_fresh", "lift_fresh_copy"})
 # Ops whose CUDA kernels take host tensors among device ones (index tensors): no cross-device error.
 _MIXED_OK = ("aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_")
 
@@ -124,6 +127,11 @@ def build(*, verbose: bool = False) -> Any:
             "torch_adapter emulated device (build)", "a C++ compiler ($CXX or c++) and ninja",
             "none found on this machine", why="the emulated device is a C++ extension of torch",
             fix="install a compiler and ninja (Debian: apt-get install -y g++ ninja-build), then retry"))
+    if not is_built():  # said, never silent: the first start compiles (~30 s); prebuilt by the set-up
+        import sys
+
+        print("torch_adapter: building the emulated device (C++, once per torch version, ~30 s; "
+              "`python -m torch_adapter.emulated build` does it ahead)...", file=sys.stderr, flush=True)
     try:
         return torch_private.load_extension(_ext_name(), SOURCE, verbose=verbose)
     except Exception as exc:  # a compiler error, a link error, a broken cache
@@ -163,33 +171,56 @@ def check_emulatable(name: str) -> None:
             fix="emulate in a fresh process without that backend"))
 
 
-def kernel_ops(native: Iterable[str]) -> tuple[list[str], dict[str, str]]:
-    """The ops of a vendor table that become device kernels (``add.Tensor`` spelling), and for the
-    others the reason: decomposes above the key, a view (metadata), the device's own, or no host kernel."""
+@dataclass
+class KernelPlan:
+    """How each op of a vendor table becomes the emulated device's kernel ("add.Tensor" spelling)."""
+
+    host: list[str] = field(default_factory=list)  # the CPU's kernel on the device's memory (opaque)
+    composite: list[str] = field(default_factory=list)  # views, copies: their CompositeExplicitAutograd kernel
+    implicit: list[str] = field(default_factory=list)  # its CompositeImplicitAutograd kernel, also for autograd
+    skipped: dict[str, str] = field(default_factory=dict)  # listed op -> why it is no device kernel here
+
+    @property
+    def ops(self) -> list[str]:
+        return [*self.host, *self.composite, *self.implicit]
+
+
+def kernel_ops(native: Iterable[str]) -> KernelPlan:
+    """The plan for the ops of a vendor table: an op with a CPU or CompositeExplicitAutograd kernel runs the
+    host's kernel on the device's memory, opaque as a vendor kernel is (device-selected ops such as
+    convolution pick the host's implementation there, as the vendor's pick theirs); a view or a copy runs
+    its composite kernel on the device; a CompositeImplicitAutograd op runs its decomposition as the
+    device's kernel, for autograd too (as every dense backend without a kernel of its own does)."""
     import torch
 
-    names: list[str] = []
-    skipped: dict[str, str] = {}
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    plan = KernelPlan()
     for op in sorted(native):
         base, _, overload = op.partition("::")[2].partition(".")
         short = f"{base}.{overload}" if overload else base
         if base in _OWN:
-            skipped[op] = "the device's own (copy, storage or metadata kernel)"
+            plan.skipped[op] = "the device's own (copy, storage or metadata kernel)"
             continue
         try:
             schema = torch._C._get_schema(f"aten::{base}", overload)
         except RuntimeError:
-            skipped[op] = "not an op of this torch"
+            plan.skipped[op] = "not an op of this torch"
             continue
-        if torch._C._dispatch_has_kernel_for_dispatch_key(op, "CompositeImplicitAutograd"):
-            skipped[op] = "CompositeImplicitAutograd: decomposes above the device key"
-        elif any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
-            skipped[op] = "a view: metadata over the device's storage"
-        elif not torch._C._dispatch_has_computed_kernel_for_dispatch_key(op, "CPU"):
-            skipped[op] = "no host kernel to run it with on this machine"
+        view = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+        explicit = has(op, "CompositeExplicitAutograd") or has(op, "CompositeExplicitAutogradNonFunctional")
+        if has(op, "PrivateUse1"):
+            plan.skipped[op] = "the device's own (copy, storage or metadata kernel)"
+        elif explicit and base in _CROSS_DEVICE:
+            plan.composite.append(short)
+        elif has(op, "CPU") or (explicit and not view):  # an opaque kernel, as the vendor's is
+            plan.host.append(short)
+        elif explicit:  # a view: metadata over the device's own storage
+            plan.composite.append(short)
+        elif has(op, "CompositeImplicitAutograd") and not has(op, "AutogradCPU"):
+            plan.implicit.append(short)  # (dense backends use the decomposition for autograd too)
         else:
-            names.append(short)
-    return names, skipped
+            plan.skipped[op] = "no kernel torch can run on this machine"
+    return plan
 
 
 def start(name: str, native: Iterable[str], *, device_count: int = 1) -> Emulator:
@@ -208,7 +239,7 @@ def start(name: str, native: Iterable[str], *, device_count: int = 1) -> Emulato
         import torch
 
         ext = build()
-        kernels, skipped = kernel_ops(native)
+        plan = kernel_ops(native)
         ext.set_device_count(int(device_count))
         ext.register_hooks()
         if torch._C._get_privateuse1_backend_name() != name:
@@ -219,17 +250,18 @@ def start(name: str, native: Iterable[str], *, device_count: int = 1) -> Emulato
         torch._register_device_module(name, module)
         torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_packed_sequence=True,
                                                              for_storage=True)
-        ext.register_native(kernels, list(_MIXED_OK))
+        ext.register_native(plan.host, plan.composite, plan.implicit, list(_MIXED_OK))
         collectives.register(name)
-        _ACTIVE = Emulator(name, ext, module, tuple(kernels), skipped)
+        _ACTIVE = Emulator(name, ext, module, tuple(plan.ops), plan.skipped)
         return _ACTIVE
 
 
-def fallback_counts(*, reset: bool = False) -> dict[str, tuple[int, int, int]]:
-    """Per op that reached the fallback: (calls, nanoseconds, bytes copied between host and device)."""
+def fallback_counts(*, reset: bool = False) -> dict[str, tuple[int, int, int, int]]:
+    """Per op that reached the device's fallback ("aten::name.overload"): (calls, nanoseconds, bytes
+    copied to the host, bytes copied back to the device)."""
     return dict(_ACTIVE.ext.fallback_counts(reset)) if _ACTIVE is not None else {}
 
 
-def native_counts(*, reset: bool = False) -> dict[str, tuple[int, int, int]]:
-    """Per device-kernel op (only while counting is on): (calls, nanoseconds, 0)."""
+def native_counts(*, reset: bool = False) -> dict[str, tuple[int, int, int, int]]:
+    """Per device-kernel op (only while counting is on): (calls, nanoseconds, 0, 0)."""
     return dict(_ACTIVE.ext.native_counts(reset)) if _ACTIVE is not None else {}

@@ -22,6 +22,7 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
+#include <ATen/record_function.h>
 #include <ATen/ops/as_strided_cpu_dispatch.h>
 #include <ATen/ops/set_cpu_dispatch.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -273,7 +274,10 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl);
 
 // ---------------------------------------------------------------------------------------------
 // Generators: the device's RNG is the CPU's algorithm (so a device kernel, which is the CPU's
-// kernel, draws from it), held by a generator whose device is the emulated one.
+// kernel, draws from it), held by a generator whose device is the emulated one. The devices'
+// default generators draw from the host's default generator, as the CPU target's "cuda" does:
+// a program seeded once draws the same numbers on the emulated device as on the CPU target, so
+// the two runs compare loss for loss. torch.Generator("npu") objects have their own state.
 struct Generator final : c10::GeneratorImpl {
   at::Generator host;  // a CPUGeneratorImpl: what the CPU kernels are handed
 
@@ -316,6 +320,8 @@ const at::Generator& default_generator(DeviceIndex index) {
   std::call_once(g_generators_once, [] {
     for (int i = 0; i < kMaxDevices; ++i) {
       g_default_generators[i] = at::make_generator<Generator>(static_cast<DeviceIndex>(i));
+      static_cast<Generator*>(g_default_generators[i].unsafeGetGeneratorImpl())->host =
+          at::detail::getDefaultCPUGenerator();
     }
   });
   DeviceIndex i = index < 0 ? t_device : index;
@@ -393,7 +399,8 @@ struct Hooks final : at::PrivateUse1HooksInterface {
 struct OpCounter {
   int64_t calls = 0;
   int64_t ns = 0;
-  int64_t bytes = 0;
+  int64_t bytes_to_host = 0;    // inputs copied to the host
+  int64_t bytes_from_host = 0;  // results and mutated arguments copied back
 };
 std::mutex g_count_mutex;
 std::unordered_map<std::string, OpCounter> g_fallback_counts;
@@ -701,8 +708,12 @@ void device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     host_generators(op, stack, first, device);
   }
   c10::DeviceGuard guard(Device(kDev, device));
-
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  {
+    // The kernel is the device's: what the CPU kernel calls inside it on host views is not seen
+    // (observers, profilers), as a real device kernel's insides are not.
+    at::DisableRecordFunctionGuard hidden;
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  }
 
   // Mutated arguments the kernel resized or restrided.
   for (const auto& hv : views) {
@@ -724,6 +735,19 @@ void device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     c.calls += 1;
     c.ns += now_ns() - start;
   }
+}
+
+// Composite kernels the vendor lists as the device's own: the op's CompositeExplicitAutograd /
+// CompositeImplicitAutograd kernel (what the dispatcher keeps in the CPU slot when the CPU has no
+// kernel of its own) run as the device's kernel on the device's tensors — its pieces dispatch on
+// the device. A CompositeImplicitAutograd op gets the same kernel for autograd (AutogradCPU's slot
+// holds it): a device kernel there would otherwise hide the decomposition autograd needs.
+void composite_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+}
+
+void composite_autograd_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::AutogradCPU), stack);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -764,29 +788,34 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::optional<Device> common;
   check_devices(op, *stack, first, common);
   DeviceIndex device = (common.has_value() && common->type() == kDev) ? common->index() : t_device;
-  int64_t bytes = device_bytes(*stack, first, n);
+  const int64_t to_host = device_bytes(*stack, first, n);
+  int64_t from_host = 0;
   // Mutated arguments are copied back as well.
   for (size_t i = 0; i < n; ++i) {
     const auto* alias = schema.arguments()[i].alias_info();
     if (alias && alias->isWrite()) {
-      bytes += device_bytes(*stack, first + i, 1);
+      from_host += device_bytes(*stack, first + i, 1);
     }
   }
   host_generators(op, stack, first, device);
   c10::DeviceGuard guard(Device(kDev, device));
-  at::native::cpu_fallback(op, stack);
+  {
+    at::DisableRecordFunctionGuard hidden;  // its copies are counted here, as bytes, not as ops
+    at::native::cpu_fallback(op, stack);
+  }
   const size_t nret = schema.returns().size();
   for (size_t i = 0; i < nret; ++i) {
     const auto* alias = schema.returns()[i].alias_info();
     if (!(alias && alias->isWrite())) {
-      bytes += device_bytes(*stack, stack->size() - nret + i, 1);
+      from_host += device_bytes(*stack, stack->size() - nret + i, 1);
     }
   }
   std::lock_guard<std::mutex> lock(g_count_mutex);
   auto& c = g_fallback_counts[op_key(op)];
   c.calls += 1;
   c.ns += now_ns() - start;
-  c.bytes += bytes;
+  c.bytes_to_host += to_host;
+  c.bytes_from_host += from_host;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -933,6 +962,7 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 // ---------------------------------------------------------------------------------------------
 // Python entry points.
 std::unique_ptr<torch::Library> g_native_lib;
+std::unique_ptr<torch::Library> g_autograd_lib;
 std::vector<std::string> g_native_ops;
 std::once_flag g_hooks_once;
 
@@ -940,8 +970,11 @@ void register_hooks() {
   std::call_once(g_hooks_once, [] { at::RegisterPrivateUse1HooksInterface(new Hooks()); });
 }
 
-// Registers the device kernel for each op named ("add.Tensor"); returns how many were registered.
-int64_t register_native(const std::vector<std::string>& names, const std::vector<std::string>& mixed_ok) {
+// Registers the device kernels: ``host`` ops run the CPU's kernel on the device's memory, ``composite``
+// ops their composite kernel on the device, ``implicit`` ops that and the same for autograd
+// ("add.Tensor" spelling); returns how many ops were registered.
+int64_t register_native(const std::vector<std::string>& names, const std::vector<std::string>& composite,
+                        const std::vector<std::string>& implicit, const std::vector<std::string>& mixed_ok) {
   TORCH_CHECK(!g_native_lib, "the emulated device's kernels are registered once per process");
   for (const auto& n : mixed_ok) {
     g_mixed_ok.insert(n);
@@ -949,8 +982,20 @@ int64_t register_native(const std::vector<std::string>& names, const std::vector
   g_native_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
                                                   std::optional<c10::DispatchKey>(c10::DispatchKey::PrivateUse1),
                                                   __FILE__, __LINE__);
+  g_autograd_lib = std::make_unique<torch::Library>(
+      torch::Library::IMPL, "aten", std::optional<c10::DispatchKey>(c10::DispatchKey::AutogradPrivateUse1),
+      __FILE__, __LINE__);
   for (const auto& name : names) {
     g_native_lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&device_kernel>());
+    g_native_ops.push_back(name);
+  }
+  for (const auto& name : composite) {
+    g_native_lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&composite_kernel>());
+    g_native_ops.push_back(name);
+  }
+  for (const auto& name : implicit) {
+    g_native_lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&composite_kernel>());
+    g_autograd_lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&composite_autograd_kernel>());
     g_native_ops.push_back(name);
   }
   return static_cast<int64_t>(g_native_ops.size());
@@ -983,7 +1028,8 @@ py::dict take_counts(std::unordered_map<std::string, OpCounter>& table, bool res
   py::dict d;
   std::lock_guard<std::mutex> lock(g_count_mutex);
   for (const auto& kv : table) {
-    d[py::str(kv.first)] = py::make_tuple(kv.second.calls, kv.second.ns, kv.second.bytes);
+    d[py::str(kv.first)] = py::make_tuple(kv.second.calls, kv.second.ns, kv.second.bytes_to_host,
+                                          kv.second.bytes_from_host);
   }
   if (reset) {
     table.clear();
@@ -1028,7 +1074,8 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_adapter's emulated PrivateUse1 device";
   m.def("register_hooks", &emu::register_hooks);
-  m.def("register_native", &emu::register_native, py::arg("names"), py::arg("mixed_ok"));
+  m.def("register_native", &emu::register_native, py::arg("names"), py::arg("composite"), py::arg("implicit"),
+        py::arg("mixed_ok"));
   m.def("native_ops", [] { return emu::g_native_ops; });
   m.def("set_device_count", &emu::set_device_count);
   m.def("device_count", [] { return emu::g_device_count.load(); });

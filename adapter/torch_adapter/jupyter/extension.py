@@ -56,6 +56,7 @@ class CellRouter:
         self.shell = shell
         self.target = target
         self.simulate = simulate
+        self.emulate = False
         self.session_log = RoutingLog()
         self.cells = 0
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
@@ -76,7 +77,7 @@ class CellRouter:
         from ..session import install
 
         with self.unobserved():  # the ops installing runs (target probes) are not the cell's
-            session = install(self.target, simulate=self.simulate)
+            session = install(self.target, simulate=self.simulate, emulate=self.emulate)
         self.session_log.target = session.target.name
         self.session_log.simulated = session.target.simulated
         return session

@@ -43,12 +43,15 @@ class AdapterMagics(Magics):
     @argument("action", nargs="?", default="status", help="status (default) | target | policy | observe | dtypes")
     @argument("value", nargs="?", help="the target name, the policy (allow|warn|error), on|off, or raise|record|off")
     @argument("--simulate", action="store_true", help="with `target`: simulate the target on this machine")
+    @argument("--emulate", action="store_true",
+              help="with `target`: execute on the emulated device (npu), a real device of the project's own")
     @line_magic
     def adapter(self, line: str = "") -> Any:
         """Show or change the adapter in this kernel.
 
         ``%adapter``                          target, policy, cells observed, session totals
-        ``%adapter target NAME [--simulate]`` switch target (auto, cpu, cuda, npu, xpu, mps, ...)
+        ``%adapter target NAME [--simulate | --emulate]`` switch target (auto, cpu, cuda, npu, xpu, mps, ...);
+                                              ``npu --emulate``: the emulated npu device
         ``%adapter policy allow|warn|error``  fallback policy for ops the target lacks
         ``%adapter observe on|off``           pause or resume per-cell routing reports
         ``%adapter dtypes raise|record|off``  simulated targets: a dtype the real one refuses raises its
@@ -65,13 +68,15 @@ class AdapterMagics(Magics):
                 raise UsageError("%adapter target: expected a target name, e.g. `%adapter target mps --simulate`")
             from ..session import switch
 
-            _check_target(args.value, args.simulate)
+            if not args.emulate:
+                _check_target(args.value, args.simulate)
             try:  # the session before is suspended, not closed: `%adapter target` back to it resumes it
                 with self.router.unobserved():  # the ops switching runs (target probes) are not the cell's
-                    session = switch(args.value, simulate=args.simulate)
+                    session = switch(args.value, simulate=args.simulate, emulate=args.emulate)
             except AdapterError as exc:
                 raise UsageError(str(exc)) from None
             self.router.target, self.router.simulate = args.value, args.simulate
+            self.router.emulate = args.emulate
             self.router.session_log.target = session.target.name  # the router's log follows the target
             self.router.session_log.simulated = session.target.simulated
             return self._changed(f"torch_adapter: target {session.target.label}")

@@ -7,7 +7,10 @@ what keeps a simulated target close to plain speed:
 
 - *simulated* targets execute on the host (CPU): overrides sit on the host's key and call
   its original kernel (``torch.library.get_kernel``) when the route says CPU;
-- *real* targets: overrides sit on the target's key, where the op has no kernel.
+- *real* targets: overrides sit on the target's key, where the op has no kernel. A real device
+  target always has an engine (session.py): an op it lacks that a ``torch._decomp`` decomposition
+  covers is decomposed, as its route says, instead of reaching the device's own CPU fallback;
+  an op with no decomposition is left to that fallback unless the policy asks otherwise.
 
 An overridden op runs, in the order of :mod:`.decide`: a registered kernel; its own
 CompositeExplicitAutograd kernel; a ``torch._decomp`` decomposition (each piece routed
@@ -144,6 +147,9 @@ class Engine:
         if d.via in ops_table.EXPLICIT_KEYS:  # only where the device has its own kernel instead
             return tp.has_kernel_for_key(d.op, self.key) and tp.has_kernel_for_key(d.op, d.via)
         if d.route in (Route.FALLBACK, Route.REFUSED):  # only when the CPU can run it (else torch's error stands)
+            if not self.simulated and d.route is Route.FALLBACK and self.policy.fallback == "allow" \
+                    and d.op not in self.policy.force_cpu:
+                return False  # a real device's own fallback runs it (torch_npu's, the emulated device's: C++)
             return tp.host_kernel(d.op, "CPU") is not None
         return False
 

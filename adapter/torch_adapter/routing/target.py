@@ -47,11 +47,14 @@ class Target:
     present: bool = True
     simulated: bool = False
     device_count: int = 1
+    emulated: bool = False  # an emulated device of the project's own (torch_adapter/emulated)
     details: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def label(self) -> str:
-        return f"{self.name} (simulated on {self.device_type})" if self.simulated else self.name
+        if self.simulated:
+            return f"{self.name} (simulated on {self.device_type})"
+        return f"{self.name} (emulated)" if self.emulated else self.name
 
     def device(self, index: int | None = None) -> Any:
         """The torch.device that a CUDA device index becomes on this target."""
@@ -193,10 +196,13 @@ def _present_names() -> list[str]:
     return [t.name for t in detect() if t.present]
 
 
-def resolve(target: str | Target = "auto", *, simulate: bool = False) -> Target:
-    """Turn ``install(target=...)`` into a Target, or raise TargetError saying what is here."""
+def resolve(target: str | Target = "auto", *, simulate: bool = False, emulate: bool = False) -> Target:
+    """Turn ``install(target=...)`` into a Target, or raise TargetError saying what is here.
+    ``emulate=True`` starts the emulated device of that name (torch_adapter/emulated)."""
     if isinstance(target, Target):
         return target
+    if emulate:
+        return _emulated(target, simulate)
     if not isinstance(target, str):
         raise TargetError(format_error(
             "torch_adapter.install(target=...)", 'a target name such as "auto", "cpu", "npu"',
@@ -237,6 +243,42 @@ def resolve(target: str | Target = "auto", *, simulate: bool = False) -> Target:
     return t
 
 
+def _emulated(target: Any, simulate: bool) -> Target:
+    """The emulated device named ``target``: started (built once per torch, cached) on first use."""
+    from .. import emulated
+
+    call = f"torch_adapter.install(target={target!r}, emulate=True)"
+    if simulate:
+        raise TargetError(format_error(call + " with simulate=True", "emulate or simulate, not both", "both",
+                                       why="an emulated device executes the target's routing; a simulated one "
+                                           "only labels host execution with it",
+                                       fix=f"drop simulate=True (install(target={target!r}, emulate=True))"))
+    name = target.strip().lower() if isinstance(target, str) else target
+    if not isinstance(name, str) or name in ("auto", "host"):
+        raise TargetError(format_error(call, f"a target that can be emulated: {', '.join(emulated.EMULATABLE)}",
+                                       repr(target), why="emulate=True names the device to emulate",
+                                       fix="install(target='npu', emulate=True)"))
+    emulated.check_emulatable(name)
+    from . import profiles
+
+    profile = profiles.load_profile(name)
+    em = emulated.start(name, profile.native, device_count=_local_devices())
+    device_type, key, backend = KNOWN[name]
+    return Target(name, device_type, key, backend, present=True, simulated=False, emulated=True,
+                  device_count=em.device_count,
+                  details={"runtime": "torch_adapter emulated device (PrivateUse1, host memory)",
+                           "profile": profile.source, "device_kernels": len(em.kernels),
+                           "native_ops": profile.native_count})
+
+
+def _local_devices() -> int:
+    """Devices an emulated target starts with: one, or one per local rank under a launcher."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def _simulated(name: str) -> Target:
     """A simulated target: the named profile, executing on the host's best real device."""
     from . import profiles  # lazy: op tables are read only when simulating
@@ -262,6 +304,7 @@ def targets(*, simulated: bool = True) -> list[dict[str, Any]]:
                      "device": t.device_type, "devices": t.device_count,
                      "dist_backend": t.dist_backend, "details": details})
     if simulated:
+        rows.extend(emulated_rows())
         try:
             from . import profiles
         except ImportError:  # pragma: no cover - routing is part of the package
@@ -270,10 +313,32 @@ def targets(*, simulated: bool = True) -> list[dict[str, Any]]:
     return rows
 
 
+def emulated_rows() -> list[dict[str, Any]]:
+    """One row per target that can be emulated here (torch_adapter/emulated): present where a C++
+    compiler can build the device (or it is built), with how to start it."""
+    from .. import emulated
+    from ..core.torch_private import can_build_extensions
+
+    rows: list[dict[str, Any]] = []
+    for name, what in emulated.EMULATABLE.items():
+        running = emulated.active()
+        built = emulated.is_built()
+        present = built or can_build_extensions()
+        device_type, _key, backend = KNOWN[name]
+        rows.append({"name": name, "present": present, "simulated": False, "emulated": True,
+                     "device": device_type, "devices": running.device_count if running else 1,
+                     "dist_backend": backend,
+                     "details": {"note": f"{what}; install(target={name!r}, emulate=True)",
+                                 "built": "yes" if built else "no (python -m torch_adapter.emulated build)",
+                                 "running": "yes" if running is not None and running.name == name else "no"}})
+    return rows
+
+
 def describe(target: str | Target = "auto", *, simulate: bool = False) -> dict[str, Any]:
     """One target's row (see :func:`targets`)."""
     t = resolve(target, simulate=simulate)
     details = {**t.details, **cpu_details()} if t.device_type == "cpu" else dict(t.details)
-    return {"name": t.name, "present": t.present, "simulated": t.simulated, "device": t.device_type,
+    return {"name": t.name, "present": t.present, "simulated": t.simulated, "emulated": t.emulated,
+            "device": t.device_type,
             "devices": t.device_count, "dist_backend": t.dist_backend,
             "dispatch_key": t.dispatch_key, "details": details}

@@ -228,6 +228,8 @@ def trace(*, use_observer: bool | None = None, threads: bool | None = None) -> I
             return decide_name(name, profile)
 
     t0 = time.perf_counter()
+    meter = device_meter(target)
+    metered = meter() if meter is not None else None
     _ACTIVE.append(log)
     _announce()
     try:
@@ -254,7 +256,47 @@ def trace(*, use_observer: bool | None = None, threads: bool | None = None) -> I
     finally:
         _ACTIVE[:] = [x for x in _ACTIVE if x is not log]
         _announce()
+        if meter is not None and metered is not None:
+            add_device_fallbacks(log, metered, meter(), decide)
         log.meta.setdefault("duration_s", round(time.perf_counter() - t0, 6))
+
+
+def device_meter(target: Any) -> Any:
+    """The target device's own fallback counters, where its backend keeps them: a callable returning
+    ``{op: (calls, ns, bytes to the host, bytes back)}`` (the emulated device), else None."""
+    if getattr(target, "emulated", False):
+        from .. import emulated
+
+        return emulated.fallback_counts
+    return None
+
+
+def add_device_fallbacks(log: RoutingLog, before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]],
+                         decide: Any) -> None:
+    """The device's own fallbacks in the block, measured by the device: each op's fallback record (as the
+    observer counted its calls) gets the copies' bytes and the time, or is added if nothing counted it."""
+    for op, now in after.items():
+        was = before.get(op, (0, 0, 0, 0))
+        calls, ns, to_host, back = (a - b for a, b in zip(now, was))
+        if calls <= 0:
+            continue
+        recs = [r for r in log.entries.values() if r.op == op and r.route == "fallback" and r.via != "cpu"]
+        if not recs:
+            d = decide(op)
+            log.add(op, "fallback", calls=calls, self_time_ns=ns, bytes_to_cpu=to_host, bytes_from_cpu=back,
+                    reason=d.reason if getattr(d, "route", None) is not None and d.route.value == "fallback"
+                    else "the device's own fallback ran it on the CPU (inputs copied there, results back)",
+                    via="device")
+            continue
+        total = sum(r.calls for r in recs) or 1
+        with log._lock:
+            done = 0
+            for r in recs:  # split in proportion to the calls each record holds
+                lo, hi = done, done + r.calls
+                done = hi
+                r.bytes_to_cpu += to_host * hi // total - to_host * lo // total
+                r.bytes_from_cpu += back * hi // total - back * lo // total
+                r.self_time_ns = max(r.self_time_ns, ns * hi // total - ns * lo // total)
 
 
 def _start_observer() -> Any:
