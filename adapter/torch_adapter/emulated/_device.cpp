@@ -473,7 +473,9 @@ void check_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack
 // ---------------------------------------------------------------------------------------------
 // Device kernels: the CPU kernel on the device's memory.
 struct HostView {
-  c10::TensorImpl* view;                 // the CPU tensor handed to the kernel
+  at::Tensor held;                       // the CPU tensor handed to the kernel (kept alive: the
+                                         // kernel pops its arguments off the stack)
+  c10::TensorImpl* view;                 // held's impl
   c10::StorageImpl* view_storage;        // its storage
   at::Tensor original;                   // the device tensor it stands for
   void* data;                            // the storage's data pointer when handed over
@@ -482,7 +484,7 @@ struct HostView {
 at::Tensor host_view(const at::Tensor& t, std::vector<HostView>& views) {
   for (auto& hv : views) {  // one view per device tensor (an argument given twice stays one tensor)
     if (hv.original.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
-      return at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(hv.view));
+      return hv.held;
     }
   }
   const c10::Storage& s = t.storage();
@@ -492,7 +494,7 @@ at::Tensor host_view(const at::Tensor& t, std::vector<HostView>& views) {
   auto view = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(std::move(storage)),
                                                        c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   view.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-  views.push_back({view.unsafeGetTensorImpl(), view.storage().unsafeGetStorageImpl(), t, s.mutable_data()});
+  views.push_back({view, view.unsafeGetTensorImpl(), view.storage().unsafeGetStorageImpl(), t, s.mutable_data()});
   return view;
 }
 

@@ -112,7 +112,10 @@ def make(name: str, ext: Any) -> types.ModuleType:
         """isinstance(x, torch.npu.Stream) holds for torch's generic objects of the device."""
 
         def __instancecheck__(cls, obj: Any) -> bool:
-            return isinstance(obj, cls._base) and getattr(obj, "device_type", name) == name  # type: ignore[attr-defined]
+            if not isinstance(obj, cls._base):  # type: ignore[attr-defined]
+                return False
+            device = getattr(obj, "device", None)
+            return device is None or getattr(device, "type", name) == name
 
     class Stream(metaclass=_Generic):
         """A stream of the emulated device: torch's generic ``torch.Stream`` (synchronous)."""
