@@ -105,9 +105,14 @@ export function badgeLevel(counts: IRouteCounts): Level {
   return counts.composite > 0 ? 'composite' : 'native';
 }
 
-/** "mps (simulated)" or "cpu". */
-export function targetLabel(payload: Pick<IRoutingPayload, 'target' | 'simulated'>): string {
-  return payload.simulated ? `${payload.target} (simulated)` : payload.target;
+/** "mps (simulated)", "npu (emulated)" or "cpu". */
+export function targetLabel(
+  payload: Pick<IRoutingPayload, 'target' | 'simulated'> & { emulated?: boolean }
+): string {
+  if (payload.simulated) {
+    return `${payload.target} (simulated)`;
+  }
+  return payload.emulated ? `${payload.target} (emulated)` : payload.target;
 }
 
 /** One line per fallback op shown under a badge: op, calls, site (reason apart). */

@@ -80,6 +80,8 @@ export interface IRoutingPayload {
   execution_count: number | null;
   target: string;
   simulated: boolean;
+  /** The target is the project's emulated device (a real out-of-tree device on this machine). */
+  emulated: boolean;
   policy: string;
   /** Op calls of this cell per route. */
   counts: IRouteCounts;
@@ -219,6 +221,7 @@ export function parsePayload(data: unknown): ParseResult {
     execution_count: typeof data.execution_count === 'number' ? data.execution_count : null,
     target: data.target,
     simulated: data.simulated === true,
+    emulated: data.emulated === true,
     policy: typeof data.policy === 'string' ? data.policy : 'allow',
     counts,
     ops: typeof ops === 'string' ? zeroCounts() : ops,
@@ -253,6 +256,7 @@ export interface IKernelStatus extends IRouteCounts {
   /** The target name (`mps`), never a label: the front end words it (targetLabel). */
   target: string | null;
   simulated: boolean;
+  emulated: boolean;
   policy: string | null;
   observing: boolean;
   /** The extension is loaded in the kernel (`%load_ext torch_adapter`). */
@@ -262,7 +266,16 @@ export interface IKernelStatus extends IRouteCounts {
 
 /** The status of a kernel where the extension is not loaded (a new or restarted kernel). */
 export function notLoaded(): IKernelStatus {
-  return { target: null, simulated: false, policy: null, observing: false, loaded: false, cells: 0, ...zeroCounts() };
+  return {
+    target: null,
+    simulated: false,
+    emulated: false,
+    policy: null,
+    observing: false,
+    loaded: false,
+    cells: 0,
+    ...zeroCounts()
+  };
 }
 
 /**
@@ -281,6 +294,7 @@ export function parseStatus(data: unknown): IKernelStatus | null {
   return {
     target: typeof data.target === 'string' && data.target ? data.target : null,
     simulated: data.simulated === true,
+    emulated: data.emulated === true,
     policy: typeof data.policy === 'string' ? data.policy : null,
     observing: data.observing !== false,
     // Version 1 had no `loaded`: only a loaded extension sent a status then.

@@ -151,7 +151,7 @@ export class RoutingStore {
         return { target: null, policy: null, loaded: false };
       }
       return {
-        target: s.target === null ? null : targetLabel({ target: s.target, simulated: s.simulated }),
+        target: s.target === null ? null : targetLabel({ target: s.target, simulated: s.simulated, emulated: s.emulated }),
         policy: s.policy,
         loaded: true
       };

@@ -18,6 +18,7 @@ export function payload(overrides: Partial<IRoutingPayload> = {}): IRoutingPaylo
     execution_count: 3,
     target: 'mps',
     simulated: true,
+    emulated: false,
     policy: 'allow',
     counts: counts(412, 37, 3),
     ops: counts(40, 5, 1),

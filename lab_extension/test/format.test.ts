@@ -136,6 +136,7 @@ describe('tooltip', () => {
     assert.equal(formatBytes(512), '512 B');
     assert.equal(formatBytes(3 * 1024 * 1024), '3.0 MiB');
     assert.equal(targetLabel({ target: 'npu', simulated: false }), 'npu');
+    assert.equal(targetLabel({ target: 'npu', simulated: false, emulated: true }), 'npu (emulated)');
   });
 });
 

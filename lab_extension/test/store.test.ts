@@ -39,7 +39,7 @@ describe('RoutingStore', () => {
     assert.equal(store.totals(), null);
     store.add(payload({ session: totals(1, 10, 1, 0) }));
     assert.deepEqual(store.totals(), totals(1, 10, 1, 0));
-    store.setStatus({ target: 'cpu', simulated: false, policy: 'warn', observing: true, loaded: true, ...totals(1, 10, 1, 0) });
+    store.setStatus({ target: 'cpu', simulated: false, emulated: false, policy: 'warn', observing: true, loaded: true, ...totals(1, 10, 1, 0) });
     assert.deepEqual(store.targetAndPolicy(), { target: 'cpu', policy: 'warn', loaded: true });
   });
 
@@ -48,7 +48,7 @@ describe('RoutingStore', () => {
     store.add(payload({ target: 'mps', simulated: true, session: totals(1, 1, 0, 0) }));
     assert.deepEqual(store.targetAndPolicy(), { target: 'mps (simulated)', policy: 'allow', loaded: true });
     // `%adapter target auto` runs no op: only its status message says the target changed.
-    store.setStatus({ target: 'cpu', simulated: false, policy: 'allow', observing: true, loaded: true, ...totals(1, 1, 0, 0) });
+    store.setStatus({ target: 'cpu', simulated: false, emulated: false, policy: 'allow', observing: true, loaded: true, ...totals(1, 1, 0, 0) });
     assert.equal(store.targetAndPolicy().target, 'cpu');
     store.add(payload({ cell_id: 'b', target: 'mps', simulated: true, session: totals(2, 2, 0, 0) }));
     assert.equal(store.targetAndPolicy().target, 'mps (simulated)');
@@ -94,7 +94,7 @@ describe('RoutingStore', () => {
     assert.equal(store.totals(), null);
     assert.equal(store.lookup('a', null)?.source, 'output');
     // `%adapter policy error`, then any cell whose outputs change: the policy stays "error".
-    store.setStatus({ target: 'cpu', simulated: false, policy: 'error', observing: true, loaded: true, ...totals(1, 1, 0, 0) });
+    store.setStatus({ target: 'cpu', simulated: false, emulated: false, policy: 'error', observing: true, loaded: true, ...totals(1, 1, 0, 0) });
     store.fromOutput('a', payload({ cell_id: 'a', policy: 'warn' }));
     store.fromOutput('b', payload({ cell_id: 'b', policy: 'warn', session: totals(9, 1, 0, 0) }));
     assert.deepEqual(store.targetAndPolicy(), { target: 'cpu', policy: 'error', loaded: true });
@@ -126,6 +126,7 @@ describe('kernel helpers', () => {
     assert.deepEqual(state?.status, {
       target: 'mps',
       simulated: true,
+      emulated: false,
       policy: 'warn',
       observing: true,
       loaded: true,

@@ -80,6 +80,7 @@ class CellRouter:
             session = install(self.target, simulate=self.simulate, emulate=self.emulate)
         self.session_log.target = session.target.name
         self.session_log.simulated = session.target.simulated
+        self.session_log.emulated = session.target.emulated
         return session
 
     @contextlib.contextmanager
@@ -234,7 +235,7 @@ class CellRouter:
 
 
 def _state_key(status: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(status.get(k) for k in ("target", "simulated", "policy", "observing", "loaded"))
+    return tuple(status.get(k) for k in ("target", "simulated", "emulated", "policy", "observing", "loaded"))
 
 
 def send_status(status: dict[str, Any]) -> None:

@@ -79,6 +79,7 @@ class AdapterMagics(Magics):
             self.router.emulate = args.emulate
             self.router.session_log.target = session.target.name  # the router's log follows the target
             self.router.session_log.simulated = session.target.simulated
+            self.router.session_log.emulated = session.target.emulated
             return self._changed(f"torch_adapter: target {session.target.label}")
         if args.action == "policy":
             _one_of("%adapter policy", args.value, ("allow", "warn", "error"))
@@ -295,7 +296,9 @@ def _log_html(log: Any, limit: int | None) -> str:
     more = (f"<div>{len(records) - len(shown)} more entries: <code>_adapter_log.table()</code> has them all</div>"
             if len(records) > len(shown) else "")
     s = log.summary()
-    target = f"{log.target or '?'}{' (simulated)' if log.simulated else ''}"
+    from ..routing.log import target_label
+
+    target = target_label(log.target or "?", log.simulated, getattr(log, "emulated", False))
     return (f"<div class='torch-adapter-trace'><b>Routing on {html.escape(target)}</b>: {html.escape(counts_text(s))} "
             f"calls · {_fmt_bytes(log.bytes_copied)} copied"
             f"<table style='max-width:100%'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}</div>")

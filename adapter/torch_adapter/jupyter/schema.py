@@ -76,7 +76,8 @@ def build_payload(log: Any, *, cell_id: str | None, execution_count: int | None,
 
     return {
         "schema": SCHEMA, "version": VERSION, "cell_id": cell_id, "execution_count": execution_count,
-        "target": log.target, "simulated": bool(log.simulated), "policy": policy,
+        "target": log.target, "simulated": bool(log.simulated), "emulated": bool(getattr(log, "emulated", False)),
+        "policy": policy,
         "counts": log.summary(), "ops": {r: len(distinct[r]) for r in ROUTES},
         "top_fallbacks": top_of("fallback"), "top_yours": top_of("yours"), "top_refused": top_of("refused"),
         "wall_ms": round(wall_ms, 3),
@@ -108,7 +109,9 @@ def _dtype_text(payload: dict[str, Any]) -> str:
 
 
 def _label(payload: dict[str, Any]) -> str:
-    return f"{payload['target']}{' (simulated)' if payload['simulated'] else ''}"
+    from ..routing.log import target_label
+
+    return target_label(payload["target"], payload["simulated"], payload.get("emulated", False))
 
 
 def counts_text(counts: dict[str, int], words: dict[str, str] = SHORT) -> str:
@@ -169,7 +172,9 @@ class Status(dict):
     def text(self) -> str:
         if self.get("target") is None:
             return "torch_adapter: not installed" + ("" if self.get("loaded") else " (the extension is not loaded)")
-        label = f"{self['target']}{' (simulated)' if self['simulated'] else ''}"
+        from ..routing.log import target_label
+
+        label = target_label(self["target"], self["simulated"], self.get("emulated", False))
         return "\n".join([
             f"torch_adapter  target {label}",
             f"  fallback policy  {self['policy']}",
@@ -198,6 +203,7 @@ def build_status(session: Any, *, observing: bool, totals: dict[str, int], loade
         "schema": STATUS_SCHEMA, "version": VERSION,
         "target": session.target.name if session is not None else None,
         "simulated": bool(session.target.simulated) if session is not None else False,
+        "emulated": bool(session.target.emulated) if session is not None else False,
         "policy": session.config.fallback if session is not None else None,
         "amp_dtype": session.config.amp_dtype if session is not None else None, "amp": amp,
         "observing": bool(observing), "loaded": bool(loaded),

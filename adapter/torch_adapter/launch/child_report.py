@@ -195,7 +195,7 @@ def merged_payload(records: list[dict[str, Any]], parent: dict[str, Any] | None 
     logs = [RoutingLog.from_dict(r["routing"]) for r in reported(records)]
     if parent and parent.get("ops"):
         logs.insert(0, RoutingLog.from_dict({k: v for k, v in parent.items() if k != "redirects"}))
-    merged = RoutingLog(logs[0].target, logs[0].simulated) if logs else RoutingLog()
+    merged = RoutingLog(logs[0].target, logs[0].simulated, logs[0].emulated) if logs else RoutingLog()
     for one in logs:
         merged.merge(one)
     payload = merged.to_dict()

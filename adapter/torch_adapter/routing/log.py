@@ -112,9 +112,10 @@ def _route(route: Any) -> str:
 class RoutingLog:
     """Routing events of one scope (a ``trace()`` block, a notebook cell, a whole run)."""
 
-    def __init__(self, target: str = "", simulated: bool = False) -> None:
+    def __init__(self, target: str = "", simulated: bool = False, emulated: bool = False) -> None:
         self.target = target
         self.simulated = simulated
+        self.emulated = emulated  # the target is the project's emulated device (torch_adapter/emulated)
         self.entries: dict[tuple[str, str, str | None], OpRecord] = {}
         self.meta: dict[str, Any] = {}
         self.dtype_findings: dict[tuple[Any, ...], DtypeFinding] = {}
@@ -250,6 +251,7 @@ class RoutingLog:
 
     def to_dict(self) -> dict[str, Any]:
         out = {"schema": SCHEMA, "version": VERSION, "target": self.target, "simulated": self.simulated,
+               "emulated": self.emulated,
                "summary": self.summary(), "ops": self.table()}
         if self.meta:
             out["meta"] = dict(self.meta)
@@ -271,7 +273,7 @@ class RoutingLog:
                 "RoutingLog.from_dict()", f"schema {SCHEMA!r} version {' or '.join(map(str, _READS))}",
                 f"schema {data.get('schema')!r} version {data.get('version')!r}",
                 fix="pass the output of RoutingLog.to_dict()/to_json()"))
-        log = cls(data.get("target", ""), bool(data.get("simulated", False)))
+        log = cls(data.get("target", ""), bool(data.get("simulated", False)), bool(data.get("emulated", False)))
         log.meta = dict(data.get("meta") or {})
         dtypes = data.get("dtypes")
         if dtypes:
@@ -293,7 +295,7 @@ class RoutingLog:
     # -- rendering ---------------------------------------------------------------------------
     def __repr__(self) -> str:
         s = self.summary()
-        return (f"<RoutingLog {self.target or '?'}{' (simulated)' if self.simulated else ''}: "
+        return (f"<RoutingLog {target_label(self.target or '?', self.simulated, self.emulated)}: "
                 f"{counts_text(s, sep=', ')} calls, {_fmt_bytes(self.bytes_copied)} copied>")
 
     def __rich__(self) -> Any:
@@ -307,6 +309,11 @@ class RoutingLog:
         console.print(rich_table(self, limit=limit))
         console.file.close()
         return console.export_text()
+
+
+def target_label(name: str, simulated: bool = False, emulated: bool = False) -> str:
+    """How every view words a target: "mps (simulated)", "npu (emulated)", "cpu"."""
+    return f"{name} (simulated)" if simulated else f"{name} (emulated)" if emulated else name
 
 
 def _fmt_bytes(n: int) -> str:
@@ -332,7 +339,7 @@ def rich_table(log: RoutingLog, limit: int | None = 40) -> Any:
     from ..core.callsite import site_text
 
     s = log.summary()
-    title = (f"Routing on {log.target or '?'}{' (simulated)' if log.simulated else ''}: "
+    title = (f"Routing on {target_label(log.target or '?', log.simulated, getattr(log, 'emulated', False))}: "
              f"{counts_text(s)} calls · {_fmt_bytes(log.bytes_copied)} copied")
     if log.dtype_findings:
         title += f" · {sum(f.calls for f in log.dtype_findings.values())} calls with a dtype {log.target} refuses"

@@ -217,7 +217,7 @@ def trace(*, use_observer: bool | None = None, threads: bool | None = None) -> I
     session = current()
     engine = getattr(session, "routing", None) if session is not None else None
     target = session.target if session is not None else resolve("auto")
-    log = RoutingLog(target.name, bool(target.simulated))
+    log = RoutingLog(target.name, bool(target.simulated), bool(getattr(target, "emulated", False)))
     log.meta["started"] = time.time()
     if engine is not None:
         decide, key = engine.decide, engine
@@ -235,7 +235,7 @@ def trace(*, use_observer: bool | None = None, threads: bool | None = None) -> I
     try:
         obs = _start_observer() if use_observer is not False else None
         if obs is not None:
-            engine_log = RoutingLog(log.target, log.simulated) if engine is not None else None
+            engine_log = RoutingLog(log.target, log.simulated, log.emulated) if engine is not None else None
             if engine is not None:
                 engine.add_log(engine_log)
             try:
