@@ -54,6 +54,44 @@ def test_warnings_inside_redirected_calls_name_the_callers_line():
     assert all(f == here for f, _ in _warned_at(lambda: torch.tensor(torch.ones(2))))
 
 
+def test_warnings_inside_calls_passed_through_name_the_callers_line():
+    """Plain CPU code under the adapter: the stand-in calls torch's function from its own frame,
+    unredirected, and a C++ warning named redirect/devices.py (PyTorch's
+    test_cpp_warnings_have_python_context, CPU class, failed under the adapter only)."""
+    here = __file__
+    calls = [
+        lambda: torch.arange(0, 3, out=torch.empty(5)),  # "An output with one or more elements was resized"
+        lambda: torch.tensor(torch.ones(2)),  # "To copy construct from a tensor..."
+        lambda: torch.empty(3).new_tensor(torch.ones(2)),
+    ]
+    plain = [_warned_at(call) for call in calls]
+    with torch_adapter.adapted("cpu"):
+        adapted = [_warned_at(call) for call in calls]
+        on_device = _warned_at(lambda: torch.arange(0, 3, out=torch.empty(5, device="cuda")))  # out= not redirected
+    assert adapted == plain and all(f == here for sites in adapted for f, _ in sites), adapted
+    assert all(adapted) and on_device == plain[0]
+
+
+def test_a_passed_through_warning_is_shown_once_per_line_of_the_program():
+    """The "default" action is per line of the program, as on plain torch: one line calling the
+    stand-in twice warns once, a second line warns again."""
+    def twice():
+        for _ in range(2):
+            torch.arange(0, 3, out=torch.empty(5))
+        torch.arange(0, 3, out=torch.empty(5))
+
+    def shown() -> list[int]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            twice()
+        return [w.lineno for w in caught]
+
+    plain = shown()
+    with torch_adapter.adapted("cpu"):
+        adapted = shown()
+    assert adapted == plain and len(set(adapted)) == 2, (adapted, plain)
+
+
 def test_reattribution_is_per_thread_and_leaves_the_warnings_state_as_it_was():
     """The re-attribution swaps no process-wide state: another thread's warnings, raised while
     redirected calls warn on this one, keep their own line and all arrive; the filters and the

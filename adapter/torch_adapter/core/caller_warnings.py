@@ -22,6 +22,15 @@ Instead, while a session is installed, two things stand on its Patcher (undone w
 
 Both decisions read this thread's state only. Without a session (no hook installed),
 :func:`silenced` falls back to ``catch_warnings`` and :func:`as_caller` just calls.
+
+**Calls the adapter passes through.** A stand-in that is not redirecting (``torch.arange(0, 3,
+out=out)``, ``torch.empty(5)``, ``x.to(torch.int32)``: plain CPU code) calls torch's function from
+its own frame without :func:`as_caller` — that costs nothing per call — so a C++ warning names the
+stand-in's line (redirect/devices.py), where plain torch names the program's (PyTorch's
+``test_cpp_warnings_have_python_context`` checks it; a program's filters by module or line miss it).
+Stand-ins registered with :func:`pass_through` are found on the stack only when such a warning is
+shown: the filter above covers their modules too, and the show hook issues the warning again at
+the line that called the outermost stand-in.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import threading
 import warnings
 from typing import Any, Callable, Iterator
 
-__all__ = ["install", "as_caller", "silenced"]
+__all__ = ["install", "as_caller", "silenced", "pass_through"]
 
 _FILTER = ("always", None, Warning, re.compile(re.escape(__name__) + r"\Z"), 0)
 
@@ -46,6 +55,20 @@ class _Local(threading.local):
 
 _LOCAL = _Local()
 _INSTALLED: list[Any] = []  # the patcher whose hook is in place (one at a time: the active session's)
+_PASS_THROUGH: set[Any] = set()  # code objects of the stand-ins registered with pass_through()
+_PASS_FILES: set[str] = set()
+_PASS_MODULES: set[str] = set()
+
+
+def pass_through(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Register ``fn``, a stand-in that calls torch's function from its own frame (every closure
+    made from the same code at once): a warning torch raises in that call is issued again at the
+    line that called it (module docstring). Returns ``fn``."""
+    code = fn.__code__
+    _PASS_THROUGH.add(code)
+    _PASS_FILES.add(code.co_filename)
+    _PASS_MODULES.add(fn.__globals__["__name__"])  # where it is defined (functools.wraps copies __module__)
+    return fn
 
 
 def install(patcher: Any) -> None:
@@ -62,21 +85,48 @@ def install(patcher: Any) -> None:
         if local.callers and msg.filename == __file__:
             _reissue(msg, local.callers[-1])
             return
+        if msg.filename in _PASS_FILES:
+            caller = _pass_through_caller(msg, sys._getframe(1))
+            if caller is not None:
+                _forget(msg)  # a program's "default"/"once" filter before ours marked the stand-in's line
+                _reissue(msg, caller)
+                return
         original(msg)
 
     patcher.set(warnings, "_showwarnmsg", _showwarnmsg)
-    warnings.filters.insert(0, _FILTER)
+    filters = [_FILTER]
+    if _PASS_MODULES:  # a stand-in's line is not the place a warning is shown once for
+        modules = "|".join(re.escape(m) for m in sorted(_PASS_MODULES))
+        filters.append(("always", None, Warning, re.compile(rf"({modules})\Z"), 0))
+    for f in reversed(filters):
+        warnings.filters.insert(0, f)
     warnings._filters_mutated()
     _INSTALLED[:] = [patcher]
 
     def remove() -> None:
-        with contextlib.suppress(ValueError):  # a catch_warnings block may have put the old list back
-            warnings.filters.remove(_FILTER)
+        for f in filters:
+            with contextlib.suppress(ValueError):  # a catch_warnings block may have put the old list back
+                warnings.filters.remove(f)
         warnings._filters_mutated()
         if _INSTALLED and _INSTALLED[0] is patcher:
             _INSTALLED.clear()
 
     patcher.after_restore(remove)
+
+
+def _pass_through_caller(msg: Any, frame: Any) -> Any:
+    """The frame that called the registered stand-in ``msg`` names (its file and line), past any
+    registered stand-in calling it; None when no such frame is on this thread's stack (the
+    warning was raised elsewhere in that file)."""
+    while frame is not None:
+        code = frame.f_code
+        if code in _PASS_THROUGH and frame.f_lineno == msg.lineno and code.co_filename == msg.filename:
+            frame = frame.f_back
+            while frame is not None and frame.f_code in _PASS_THROUGH:
+                frame = frame.f_back
+            return frame
+        frame = frame.f_back
+    return None
 
 
 def _reissue(msg: Any, frame: Any) -> None:

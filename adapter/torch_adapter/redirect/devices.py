@@ -175,7 +175,7 @@ def _wrap_device_kwarg(orig: Callable, mapper: DeviceMapper, label: str, *, prot
         return orig(*args, **kwargs)
 
     like = orig.__name__.endswith("_like")  # torch dispatches *_like on its input's type (a subclass)
-    return mark_stand_in(wrapper, orig)
+    return mark_stand_in(caller_warnings.pass_through(wrapper), orig)
 
 
 def _as_caller(orig: Callable, args: tuple, kwargs: dict) -> Any:
@@ -218,7 +218,6 @@ def apply(session: Any) -> DeviceMapper:
         return mapper  # real CUDA: nothing to redirect
     from . import dataflow, device_context, device_ordinal
 
-    caller_warnings.install(p)  # warnings of redirected calls at the caller's line
     device_context.apply(session, mapper, _spell)  # before any factory is wrapped
     device_ordinal.apply(session, mapper)
 
@@ -232,6 +231,7 @@ def apply(session: Any) -> DeviceMapper:
     _patch_storages(p, mapper)
     dataflow.apply(p, mapper)
     _patch_safetensors(p, mapper)
+    caller_warnings.install(p)  # after the stand-ins: warnings at the caller's line (redirected or passed through)
     return mapper
 
 
@@ -278,7 +278,7 @@ def _patch_tensor_to(p: Any, mapper: DeviceMapper, orig_to: Any) -> None:
             return _checked(mapper, _as_caller(orig_to, (self, *args), kwargs), self)
         return orig_to(self, *args, **kwargs)
 
-    p.set(T, "to", functools.wraps(orig_to)(to))
+    p.set(T, "to", functools.wraps(orig_to)(caller_warnings.pass_through(to)))
     _patch_module_to(p, mapper)
 
 
@@ -300,7 +300,7 @@ def _patch_tensor_methods(p: Any, mapper: DeviceMapper, orig_to: Any) -> None:
                            non_blocking=non_blocking, memory_format=memory_format)
         return _checked(mapper, orig_to(self, new, non_blocking=non_blocking, memory_format=memory_format), self)
 
-    p.set(T, "cuda", cuda)
+    p.set(T, "cuda", caller_warnings.pass_through(cuda))
 
     orig_pin = T.pin_memory
 
@@ -337,7 +337,7 @@ def _patch_tensor_methods(p: Any, mapper: DeviceMapper, orig_to: Any) -> None:
             return orig_type(self, **kwargs) if kwargs else orig_type(self)
         return orig_type(self, dtype, non_blocking, **kwargs)
 
-    p.set(T, "type", type_)
+    p.set(T, "type", caller_warnings.pass_through(type_))
 
     orig_record_stream = T.record_stream
 
@@ -370,7 +370,7 @@ def _patch_module_to(p: Any, mapper: DeviceMapper) -> None:
             dtype_policy.module_moved(mapper, self)
         return _checked(mapper, out) if moved else out
 
-    p.set(torch.nn.Module, "to", to)
+    p.set(torch.nn.Module, "to", caller_warnings.pass_through(to))
 
 
 def _patch_safetensors(p: Any, mapper: DeviceMapper) -> None:

@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..core import caller_warnings
 from ..core.config import float16_tensors
 from ..core.patching import mark_stand_in
 
@@ -82,7 +83,7 @@ def patch(p: Any, mapper: Any, orig_to: Callable) -> None:
             return orig_half(self, memory_format=memory_format)
         return orig_to(self, mapper.dtype(_HALF, "Tensor.half()"), memory_format=memory_format)
 
-    p.set(T, "half", functools.wraps(orig_half)(half))
+    p.set(T, "half", functools.wraps(orig_half)(caller_warnings.pass_through(half)))
 
     orig_default = torch.set_default_dtype
 
