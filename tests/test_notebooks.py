@@ -299,6 +299,27 @@ def test_quickstart_trace_inspector_and_simulated_target(quickstart):
 
 
 @pytest.mark.slow
+def test_quickstart_emulated_device_copies_and_device_mistakes(quickstart):
+    """Section 6: the same cells executed on the emulated npu — the fallback's copies are the device's
+    own count, and a tensor left on the CPU raises torch's error there."""
+    from torch_adapter.core.torch_private import can_build_extensions
+
+    if not can_build_extensions():
+        pytest.skip("the emulated npu is a C++ extension: no C++ compiler or ninja here")
+    nb = quickstart
+    assert "npu (emulated)" in text(cell(nb, "emu-switch"))
+    out = text(cell(nb, "emulated"))
+    assert "x is on npu:0" in out and "eigenvalues on npu:0" in out
+    emu = routing(cell(nb, "emulated"))
+    assert emu["target"] == "npu" and emu["emulated"] and not emu["simulated"]
+    assert "aten::_linalg_eigh" in [f["op"] for f in emu["top_fallbacks"]] and emu["bytes_copied"] > 0
+    assert emu["counts"]["native"] > 0
+    counts = text(cell(nb, "emu-copies"))
+    assert "'aten::_linalg_eigh.eigenvalues'" in counts and "'copied to the CPU'" in counts
+    assert "Expected all tensors to be on the same device" in text(cell(nb, "emu-mistake"))
+
+
+@pytest.mark.slow
 def test_quickstart_front_door(quickstart):
     check_prose_names_what_ran(quickstart)
     check_front_door("01_quickstart.ipynb", quickstart)

@@ -77,6 +77,8 @@ class Emulator:
     module: Any
     kernels: tuple[str, ...]  # ops registered as device kernels ("add.Tensor")
     not_kernels: dict[str, str] = field(default_factory=dict)  # listed op -> why it is no device kernel here
+    # autograd ran before the device existed: the starting thread runs the device's backward itself
+    autograd_on_calling_thread: bool = False
 
     @property
     def device_count(self) -> int:
@@ -253,7 +255,28 @@ def start(name: str, native: Iterable[str], *, device_count: int = 1) -> Emulato
         ext.register_native(plan.host, plan.composite, plan.implicit, list(_MIXED_OK))
         collectives.register(name)
         _ACTIVE = Emulator(name, ext, module, tuple(plan.ops), plan.skipped)
+        _ACTIVE.autograd_on_calling_thread = _autograd_probe(name)
         return _ACTIVE
+
+
+def _autograd_probe(name: str) -> bool:
+    """A backward on the device, once. torch's autograd engine sizes its per-device queues from the
+    devices registered when it first runs: a device started after a first backward in this process
+    (a notebook that ran CPU-target cells first) has no queue, and its backward hits an internal
+    assert. Then this thread runs the device's backward itself (``set_multithreading_enabled(False)``,
+    thread-local; the device computes synchronously on the host anyway). Returns whether it had to."""
+    import torch
+
+    x = torch.ones(1, device=name, requires_grad=True)
+    try:
+        (x * 2).sum().backward()
+        return False
+    except RuntimeError as exc:
+        if "device_ready_queues_" not in str(exc):
+            raise
+    torch._C._set_multithreading_enabled(False)
+    (x * 2).sum().backward()
+    return True
 
 
 def fallback_counts(*, reset: bool = False) -> dict[str, tuple[int, int, int, int]]:
