@@ -477,13 +477,27 @@ def _patch_load(p: Any, mapper: DeviceMapper) -> None:
 
 
 def _patch_storages(p: Any, mapper: DeviceMapper) -> None:
+    """``Storage.cuda()`` and ``torch.UntypedStorage(..., device="cuda")`` (``torch.TypedStorage``
+    makes its storage through it): the target's device. ``.cuda()`` is ``.to(device=target)``, as
+    torch's is ``.to(device="cuda")``: no copy where the storage is already there, a copy from
+    elsewhere (a meta storage raises "Cannot copy out of meta tensor", as it does on CUDA)."""
     def make(cls: type) -> Any:
         def cuda(self: Any, device: Any = None, non_blocking: bool = False) -> Any:
             dev = mapper.device(device if type(device) is int else None)
             mapper.log.record("device", f"{cls.__name__}.cuda()", str(dev), depth=3)
-            return self if dev.type == "cpu" else self.to(device=dev, non_blocking=non_blocking)
+            return self.to(device=dev, non_blocking=non_blocking)
 
         return cuda
 
     for cls in (torch.UntypedStorage, torch.TypedStorage):
         p.set(cls, "cuda", make(cls))
+
+    untyped, base_new = torch.UntypedStorage, torch._C.StorageBase.__new__
+
+    def new(cls: type, *args: Any, **kwargs: Any) -> Any:
+        dev = kwargs.get("device")
+        if dev is not None and (type(dev) is int or mapper.is_cuda(dev)):
+            kwargs["device"] = mapper.map(dev, f"torch.UntypedStorage(device={_spell(dev)})", ints=True)
+        return base_new(cls, *args, **kwargs)
+
+    p.set(untyped, "__new__", staticmethod(caller_warnings.pass_through(new)))
