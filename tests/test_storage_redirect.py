@@ -53,3 +53,13 @@ def test_storage_of_a_tensor_on_the_device_moves_with_cuda():
         x = torch.arange(4.0, device="cuda")
         s = x.untyped_storage()
         assert s.cuda() is s and s.device.type == "cpu"
+
+
+def test_cuda_ipc_of_a_storage_refuses_as_cuda_does_for_a_storage_not_on_cuda():
+    """No storage is CUDA's on the target: ``_share_cuda_`` answers CUDA's error for any other, not the
+    CPU build's "CUDA is not available" (test_storage_meta_errors asserts it once is_available())."""
+    with torch_adapter.adapted("cpu"):
+        for s in (torch.UntypedStorage(4, device="meta"), torch.UntypedStorage(4, device="cuda")):
+            with pytest.raises(RuntimeError, match="only available on CUDA"):
+                s._share_cuda_()
+    assert "_share_cuda_" not in torch.UntypedStorage.__dict__

@@ -501,3 +501,11 @@ def _patch_storages(p: Any, mapper: DeviceMapper) -> None:
         return base_new(cls, *args, **kwargs)
 
     p.set(untyped, "__new__", staticmethod(caller_warnings.pass_through(new)))
+
+    def share_cuda(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # CUDA IPC of a storage: torch.multiprocessing asks for it only of CUDA storages, and no
+        # storage is CUDA's on this target: CUDA's answer for any other ("CUDA is not available" on a
+        # CPU build — the program was told it is)
+        raise RuntimeError("_share_cuda_: only available on CUDA")
+
+    p.set(untyped, "_share_cuda_", share_cuda)
