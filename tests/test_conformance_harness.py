@@ -51,7 +51,9 @@ def test_harness_matches_and_classifies(tmp_path):
     run = _harness()
     (tmp_path / "test_synthetic.py").write_text(textwrap.dedent(SYNTHETIC))
     out = tmp_path / "conformance.json"
-    assert run.main([str(tmp_path), "--files", "test_synthetic.py", "--json", str(out), "--timeout", "120"]) == 0
+    # -k selects nothing; --file-k replaces it for this file (the wide set's per-file selection)
+    assert run.main([str(tmp_path), "--files", "test_synthetic.py", "--json", str(out), "--timeout", "120",
+                     "-k", "no_such_test", "--file-k", "test_synthetic.py=test_"]) == 0
     import json
 
     res = json.loads(out.read_text())["results"][0]
@@ -73,3 +75,9 @@ def test_rules_need_their_context():
     run = _harness()
     assert run.classify("AssertionError: RuntimeError not raised by <lambda>\n  'on the same device'")[1] == run.BY_DESIGN
     assert run.classify("AssertionError: RuntimeError not raised by <lambda>\n  'a value error'") == run.OTHER
+    nondet = "AssertionError: RuntimeError not raised : expected a non-deterministic error, but it was not raised"
+    assert run.classify(nondet)[1] == run.BY_DESIGN
+    scaler = "AssertionError: False is not true\n    self.assertTrue(a._scale.device.type == device.type)"
+    assert run.classify(scaler) == ("asserts the result's device is cuda", run.BY_DESIGN)
+    assert run.classify("AssertionError: False is not true\n    self.assertTrue(ok)") == run.OTHER
+    assert set(run.WIDE_FILES) == {"test_modules.py", "test_optim.py", "test_nn.py", "test_torch.py"}

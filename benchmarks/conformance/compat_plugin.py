@@ -8,6 +8,9 @@ comparison is unaffected. The test files themselves are never edited.
 - ``@skipIfTorchDynamo`` used bare, without a message (newer helpers accept it; 2.13 raises
   "Are you using skipIfTorchDynamo correctly?").
 
+The wide set's files (test_nn.py, test_torch.py from torch 2.6: README.md) are older than the helpers:
+three names they import are bridged by :func:`_older_files`.
+
 Runs after the adapter plugin (``trylast``): the helper modules are imported the way a test file
 imports them, under the adapter in the adapted run.
 """
@@ -24,6 +27,7 @@ def pytest_configure(config):  # noqa: ARG001 - pytest hook signature
 
     if not hasattr(cmi, "binary_ufuncs_and_refs"):
         cmi.binary_ufuncs_and_refs = cmi.binary_ufuncs
+    _older_files()
     original = common_utils.skipIfTorchDynamo
     if getattr(original, "_conformance_compat", False):
         return
@@ -35,3 +39,23 @@ def pytest_configure(config):  # noqa: ARG001 - pytest hook signature
 
     skipIfTorchDynamo._conformance_compat = True
     common_utils.skipIfTorchDynamo = skipIfTorchDynamo
+
+
+def _older_files():
+    """Names the 2.6 test files (test_nn.py, test_torch.py; README.md: where they come from) import
+    and torch 2.13's helpers renamed or dropped, each given the 2.13 equivalent."""
+    import torch
+    from torch.testing._internal import common_cuda, common_mkldnn, common_nn
+
+    if not hasattr(common_nn, "new_module_tests"):  # 2.13 builds the list on demand
+        common_nn.new_module_tests = common_nn.get_new_module_tests()
+    if not hasattr(common_cuda, "tf32_is_not_fp32"):
+        def tf32_is_not_fp32():  # 2.6: CUDA >= 11 on an Ampere-or-newer device; 2.13's tf32_on_and_off asks this
+            return torch.cuda.is_tf32_supported()
+
+        common_cuda.tf32_is_not_fp32 = tf32_is_not_fp32
+    if not hasattr(common_mkldnn, "bf32_on_and_off"):  # 2.13: bf32 and tf32 on the CPU in one decorator
+        def bf32_on_and_off(bf32_precision=1e-2):
+            return common_mkldnn.reduced_f32_on_and_off(bf32_precision=bf32_precision)
+
+        common_mkldnn.bf32_on_and_off = bf32_on_and_off
