@@ -434,7 +434,10 @@ void check_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack
       return;
     }
     if (t.device().type() == DeviceType::CPU) {
-      if (t.dim() == 0) {
+      // A host scalar as an input, never as a written argument (out=, in-place self): TensorIterator
+      // allows CPU scalars for inputs only, and CUDA's wrappers check out= exactly.
+      const auto* alias = args[i].alias_info();
+      if (t.dim() == 0 && !(alias && alias->isWrite())) {
         return;
       }
       if (!named) {
@@ -472,6 +475,20 @@ void check_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack
 
 // ---------------------------------------------------------------------------------------------
 // Device kernels: the CPU kernel on the device's memory.
+
+// The lazy math bits (conj, neg) of ``from`` on ``to``: a host view or a result stands for the same
+// values only with them (t.conj() is a view with the conjugate bit; kernels that take such views
+// as they are - copy_, mm, clone - read the bit).
+void copy_math_bits(const at::Tensor& to, const at::Tensor& from) {
+  c10::TensorImpl* impl = to.unsafeGetTensorImpl();
+  if (impl->is_conj() != from.is_conj()) {
+    impl->_set_conj(from.is_conj());
+  }
+  if (impl->is_neg() != from.is_neg()) {
+    impl->_set_neg(from.is_neg());
+  }
+}
+
 struct HostView {
   at::Tensor held;                       // the CPU tensor handed to the kernel (kept alive: the
                                          // kernel pops its arguments off the stack)
@@ -494,6 +511,7 @@ at::Tensor host_view(const at::Tensor& t, std::vector<HostView>& views) {
   auto view = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(std::move(storage)),
                                                        c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   view.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  copy_math_bits(view, t);
   views.push_back({view, view.unsafeGetTensorImpl(), view.storage().unsafeGetStorageImpl(), t, s.mutable_data()});
   return view;
 }
@@ -502,6 +520,7 @@ at::Tensor device_alias(const at::Tensor& out, const at::Tensor& base) {
   auto r = at::detail::make_tensor<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()),
                                                     base.key_set(), out.dtype());
   r.unsafeGetTensorImpl()->set_sizes_and_strides(out.sizes(), out.strides(), out.storage_offset());
+  copy_math_bits(r, out);
   return r;
 }
 
@@ -532,6 +551,7 @@ at::Tensor adopt(const at::Tensor& out, DeviceIndex device, std::vector<Adoption
   auto r = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(ds), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                                     out.dtype());
   r.unsafeGetTensorImpl()->set_sizes_and_strides(out.sizes(), out.strides(), out.storage_offset());
+  copy_math_bits(r, out);
   return r;
 }
 
@@ -726,6 +746,16 @@ void device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const size_t nret = schema.returns().size();
   if (adopt_outputs) {
+    // A quantized result (quantize_per_tensor's QTensorImpl) cannot become a device tensor: the device
+    // has no quantized tensors (torch's Quantized<name> key has no kernels), as _empty_affine_quantized
+    // on it says; adopting it as a plain tensor of a quantized dtype would lose its quantizer.
+    for (size_t i = stack->size() - nret; i < stack->size(); ++i) {
+      const c10::IValue& r = (*stack)[i];
+      TORCH_CHECK_NOT_IMPLEMENTED(!(r.isTensor() && r.toTensor().defined() && r.toTensor().is_quantized()),
+                                  op_key(op), " on the emulated ", c10::get_privateuse1_backend(),
+                                  ": its result is a quantized tensor, and the device has none (torch's 'Quantized",
+                                  c10::get_privateuse1_backend(), "' backend has no kernels)");
+    }
     std::vector<Adoption> adopted;
     for (size_t i = stack->size() - nret; i < stack->size(); ++i) {
       (*stack)[i] = to_device((*stack)[i], device, views, adopted, host_inputs);
@@ -862,7 +892,9 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size, c10::
 }
 
 at::Tensor as_host(const at::Tensor& t) {
-  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(at::kCPU));
+  at::Tensor h = at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(at::kCPU));
+  copy_math_bits(h, t);  // copy_ conjugates / negates where the bits differ
+  return h;
 }
 
 int64_t g_copy_bytes_h2d = 0, g_copy_bytes_d2h = 0, g_copy_bytes_d2d = 0;
@@ -959,6 +991,21 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+}
+
+// copy_ into or out of the device reaches _copy_from (copy_impl's path for a device it does not know),
+// whose schema does not mark dst as written: the conjugate / negative bit fallback would hand
+// copy_from a resolved clone of a conj destination (x.conj().copy_(y) writing nothing) and resolve
+// the source twice. copy_from reads both bits itself (as_host keeps them; the CPU's copy_ applies
+// them), as copy_ does for the CPU and CUDA.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
 // ---------------------------------------------------------------------------------------------
