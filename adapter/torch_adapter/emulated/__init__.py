@@ -6,8 +6,9 @@
 as CI and the package's set-up do) registers the PrivateUse1 dispatch key's allocator, device guard,
 hooks and kernels; PrivateUse1 is renamed to the target's name (``torch.utils.rename_privateuse1_backend``),
 ``torch.npu`` is registered as its device module (:mod:`.device_module`), the tensor methods are
-generated (``Tensor.npu()``, ``is_npu``, storages), and the collective backend ``hccl`` is registered
-(:mod:`.collectives`). From then on ``torch.empty(3, device="npu")`` is a tensor of a device type of
+generated (``Tensor.npu()``, ``is_npu``, storages), the collective backend ``hccl`` is registered
+(:mod:`.collectives`), and ``import torch_npu`` works (:mod:`.vendor_package`: libraries find an NPU by
+that package). From then on ``torch.empty(3, device="npu")`` is a tensor of a device type of
 its own, whose memory is host memory.
 
 What runs where (the vendor's table decides, ``../shared/target-data/ascend``):
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,7 +158,9 @@ def check_emulatable(name: str) -> None:
             f"{', '.join(EMULATABLE)}", repr(name), why=why,
             fix=(f"emulate npu (install(target='npu', emulate=True)), or preview {name} with "
                  f"install(target={name!r}, simulate=True)")))
-    if importlib.util.find_spec("torch_npu") is not None:
+    from .vendor_package import is_stand_in
+
+    if importlib.util.find_spec("torch_npu") is not None and not is_stand_in(sys.modules.get("torch_npu")):
         raise TargetError(format_error(
             f"torch_adapter.install(target={name!r}, emulate=True)", "a machine without torch_npu",
             "torch_npu is installed", why="torch_npu owns the PrivateUse1 key and the device type 'npu': "
@@ -246,14 +250,16 @@ def start(name: str, native: Iterable[str], *, device_count: int = 1) -> Emulato
         ext.register_hooks()
         if torch._C._get_privateuse1_backend_name() != name:
             torch.utils.rename_privateuse1_backend(name)
-        from . import collectives, device_module
+        from . import collectives, device_module, vendor_kernels, vendor_package
 
         module = device_module.make(name, ext)
         torch._register_device_module(name, module)
         torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_packed_sequence=True,
                                                              for_storage=True)
         ext.register_native(plan.host, plan.composite, plan.implicit, list(_MIXED_OK))
+        vendor_kernels.register(name)  # listed ops torch has for CUDA only (the LSTM cell torch picks on the device)
         collectives.register(name)
+        vendor_package.register(name, module)  # `import torch_npu` works, as libraries ask for it (accelerate)
         _ACTIVE = Emulator(name, ext, module, tuple(plan.ops), plan.skipped)
         _ACTIVE.autograd_on_calling_thread = _autograd_probe(name)
         return _ACTIVE

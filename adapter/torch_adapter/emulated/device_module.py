@@ -9,11 +9,10 @@ exactly as it does to torch_npu's. Streams and events are torch's generic ``torc
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import types
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -107,6 +106,20 @@ def make(name: str, ext: Any) -> types.ModuleType:
     _pub(lambda: [torch.float16, torch.bfloat16, torch.float32], "get_amp_supported_dtype")
     _pub(lambda including_emulation=True: True, "is_bf16_supported")
 
+    # -- torch.npu.amp: torch_npu's GradScaler and autocast (accelerate builds its scaler from
+    # device_module.amp.GradScaler on npu); torch's device-generic ones on this device
+    class GradScaler(torch.amp.GradScaler):
+        def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                     growth_interval: int = 2000, enabled: bool = True) -> None:
+            super().__init__(name, init_scale=init_scale, growth_factor=growth_factor,
+                             backoff_factor=backoff_factor, growth_interval=growth_interval, enabled=enabled)
+
+    class autocast(torch.amp.autocast_mode.autocast):  # noqa: N801 - torch's spelling
+        def __init__(self, enabled: bool = True, dtype: torch.dtype = torch.float16, cache_enabled: bool = True) -> None:
+            super().__init__(name, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    mod.amp = types.SimpleNamespace(GradScaler=GradScaler, autocast=autocast)
+
     # -- streams and events ----------------------------------------------------------------
     class _Generic(type):
         """isinstance(x, torch.npu.Stream) holds for torch's generic objects of the device."""
@@ -145,20 +158,32 @@ def make(name: str, ext: Any) -> types.ModuleType:
     mod.default_stream = lambda device=None: torch.Stream(device=torch.device(name, index(device)))
     mod.set_stream = lambda stream: torch.accelerator.set_stream(stream)
 
-    @contextlib.contextmanager
-    def stream(s: Any) -> Iterator[Any]:
-        if s is None:
-            yield s
-            return
-        prev = torch.accelerator.current_stream(s.device)
-        torch.accelerator.set_stream(s)
-        try:
-            yield s
-        finally:
-            torch.accelerator.set_stream(prev)
+    class StreamContext:
+        """Selects a stream while entered (None: no change). A class, as torch.cuda's and torch_npu's are:
+        torch.compile asks ``isinstance(value, torch.cuda.StreamContext)``, which the adapter answers
+        with this one on the device (a function there made dynamo fail on every frame: 'isinstance()
+        arg 2 must be a type')."""
+
+        def __init__(self, stream: Any) -> None:
+            self.stream = stream
+            self.prev: Any = None
+
+        def __enter__(self) -> Any:
+            if self.stream is not None:
+                self.prev = torch.accelerator.current_stream(self.stream.device)
+                torch.accelerator.set_stream(self.stream)
+            return self.stream
+
+        def __exit__(self, *exc: Any) -> bool:
+            if self.stream is not None:
+                torch.accelerator.set_stream(self.prev)
+            return False
+
+    def stream(s: Any) -> StreamContext:
+        return StreamContext(s)
 
     mod.stream = stream
-    mod.StreamContext = stream
+    mod.StreamContext = StreamContext
 
     # -- RNG ---------------------------------------------------------------------------------
     def gen(device: Any = None) -> Any:
@@ -179,6 +204,8 @@ def make(name: str, ext: Any) -> types.ModuleType:
     def set_rng_state_all(new_states: Any) -> None:
         for i, state in enumerate(new_states):
             ext.default_generator(i).set_state(state)
+
+    mod.random = mod  # torch.npu.random.get_rng_state_all() & co. (transformers' Trainer checkpoints)
 
     # -- memory: the device allocator's own statistics ---------------------------------------
     def stats(device: Any = None) -> dict[str, Any]:

@@ -38,6 +38,7 @@ class Probe:
     answer: Any  # what it returns under the adapter on a non-CUDA target, or KEEP
     why: str
     gone_in: str | None = None  # the library's version that no longer has it (older ones still patched)
+    emulated: str | None = None  # answered only on this emulated target (torch_adapter/emulated), not elsewhere
 
 
 _FA = "flash-attn's kernels are CUDA-only; the model uses torch SDPA"
@@ -70,6 +71,11 @@ PROBES: tuple[Probe, ...] = (
     *(Probe(_TF, n, False, _CUDA_EXT) for n in ("is_mamba_ssm_available", "is_mamba_2_ssm_available",
                                                 "is_causal_conv1d_available")),
     Probe(_TF, "is_torch_cuda_available", KEEP, "True through the torch.cuda stand-in: the CUDA path, redirected"),
+    # the emulated npu's torch_npu (emulated/vendor_package.py) is the device without the vendor's kernels:
+    # transformers, told yes, imports torch_npu.npu_fusion_attention at import (integrations.npu_flash_attention)
+    Probe(_TF, "is_torch_npu_available", False, "the emulated npu's torch_npu has the device, not torch_npu's "
+          "kernels (npu_fusion_attention): transformers keeps its portable path, on the npu through accelerate",
+          emulated="npu"),
     # diffusers
     Probe(_DF, "is_xformers_available", False, _XF),
     Probe(_DF, "is_xformers_version", False, _XF),
@@ -191,12 +197,19 @@ def patched_probes(session: Any) -> bool:
     return not (session.target.device_type == "cuda" and not session.target.simulated)
 
 
+def _applies(probe: Probe, target: Any) -> bool:
+    """A row for an emulated target answers there only; the others wherever apply() patches."""
+    if probe.emulated is None:
+        return True
+    return bool(getattr(target, "emulated", False)) and getattr(target, "name", None) == probe.emulated
+
+
 def apply(session: Any) -> None:
     if not patched_probes(session):
         return  # on real CUDA every probe's own answer is the right one
     table: dict[str, list[Probe]] = {}
     for probe in PROBES:
-        if probe.answer is not KEEP:
+        if probe.answer is not KEEP and _applies(probe, session.target):
             table.setdefault(probe.module, []).append(probe)
     state = _State(session, table)
     pairs = []

@@ -87,6 +87,8 @@ def _probe_npu() -> tuple[bool, int, dict[str, Any]]:
     import torch
     import torch_npu  # noqa: F401  (registers torch.npu)
 
+    if getattr(torch_npu, "__torch_adapter_emulated__", False):  # emulated/vendor_package.py's stand-in
+        return False, 0, {"reason": "torch_npu here is the emulated npu's (install(target='npu', emulate=True))"}
     if not torch.npu.is_available():
         return False, 0, {"reason": "torch_npu found no NPU"}
     return True, int(torch.npu.device_count()), {"runtime": f"torch_npu {torch_npu.__version__}"}
