@@ -104,3 +104,42 @@ except NotImplementedError as e:
 """)
     assert r == {"q": True, "empty": True}, r
 
+
+# -- the adapter's redirect on a real device target (real-path defects the emulated device exposed) ----
+
+
+def test_cpu_tensor_type_after_a_cuda_one_takes_the_default_device_back():
+    """test_tensor_creation_ops' test_constructor_dtypes (CPU class, CUDA branch): on a device target
+    set_default_tensor_type(torch.cuda.FloatTensor) set the target as default device, and setting
+    torch.FloatTensor back left it set (a DeviceContext leaked on torch's function-mode stack, tensors
+    still made on the device). A default device the program set itself stays."""
+    r = results("""
+depth = torch._C._len_torch_function_stack()
+saved = torch.tensor([]).type()
+torch.set_default_tensor_type(torch.cuda.FloatTensor)
+out["under_cuda_type"] = str(torch.tensor([1.0]).device)
+torch.set_default_tensor_type(saved)
+out["after"] = [str(torch.tensor([1.0]).device), torch._C._len_torch_function_stack() - depth]
+torch.set_default_device("cuda")
+torch.set_default_tensor_type(torch.FloatTensor)
+out["own_default_kept"] = str(torch.tensor([1.0]).device)
+torch.set_default_device(None)
+""")
+    assert r == {"under_cuda_type": "npu:0", "after": ["cpu", 0], "own_default_kept": "npu:0"}, r
+
+
+def test_legacy_cuda_constructor_device_argument():
+    """test_tensor_creation_ops' test_constructor_device_legacy (CPU class, CUDA branch):
+    ``torch.cuda.FloatTensor(device='cpu')`` must raise as CUDA's does (the stand-in made a device tensor),
+    and ``torch.cuda.FloatTensor(2, device='cuda:0')`` must work (the CPU class's constructor refused it)."""
+    r = results("""
+try:
+    torch.cuda.FloatTensor(device="cpu"); out["cpu"] = "no error"
+except RuntimeError as e:
+    out["cpu"] = str(e)
+t = torch.cuda.FloatTensor(2, device="cuda:0")
+out["cuda0"] = [str(t.device), str(t.dtype), list(t.shape)]
+out["plain"] = str(torch.cuda.DoubleTensor([1.0, 2.0]).device)
+""")
+    assert r == {"cpu": "legacy constructor expects device type: cuda but device type: cpu was passed",
+                 "cuda0": ["npu:0", "torch.float32", [2]], "plain": "npu:0"}, r

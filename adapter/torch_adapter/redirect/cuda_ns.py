@@ -41,9 +41,20 @@ def _legacy_tensor_class(dtype_name: str, mapper: Any) -> type:
             return isinstance(obj, torch.Tensor) and obj.dtype == dtype and obj.device.type == mapper.type
 
     def new(cls: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-        mapper.log.record("device", f"{legacy}(...)", f"{dtype} on {mapper.device(None)}", depth=3)
+        # device= names a CUDA device (the CPU class's constructor refuses any other than the CPU, so
+        # it is taken off here): on a device target one of another type is refused with CUDA's error.
+        asked = kwargs.pop("device", None)
+        target = mapper.device(None)
+        if asked is not None:
+            kind = asked if type(asked) is int else torch.device(asked)
+            if type(kind) is int or kind.type == "cuda":
+                target = mapper.map(asked, f"{legacy}(device={asked!r})", ints=True)
+            elif not mapper.on_cpu:  # (the CPU target: "cuda" is the CPU, a CPU device names it)
+                raise RuntimeError(f"legacy constructor expects device type: cuda but device type: {kind.type} "
+                                   "was passed")
+        mapper.log.record("device", f"{legacy}(...)", f"{dtype} on {target}", depth=3)
         t = cpu_cls(*args, **kwargs)
-        return t if mapper.on_cpu else t.to(mapper.device(None))
+        return t if mapper.on_cpu else t.to(target)
 
     return _Meta(dtype_name, (), {"__new__": new, "__torch_adapter_legacy__": legacy, "dtype": dtype,
                                   "__doc__": f"{legacy}, answered by torch_adapter on the target."})

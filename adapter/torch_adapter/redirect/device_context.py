@@ -58,9 +58,13 @@ def apply(session: Any, mapper: Any, spell: Any) -> None:
     p.set(ctx_cls, "__init__", __init__)
 
     orig_set_default = torch.set_default_device
+    # The default device set_default_tensor_type(torch.cuda.XTensor) gave a device target (below); a
+    # later CPU tensor type takes it back, as CUDA's legacy default tensor type is taken back.
+    from_tensor_type: list[Any] = []
 
     @functools.wraps(orig_set_default)
     def set_default_device(device: Any) -> None:
+        from_tensor_type.clear()  # the program's own default device from now on
         return orig_set_default(mapper.map(device, f"torch.set_default_device({spell(device)})", ints=True))
 
     p.set(torch, "set_default_device", set_default_device)
@@ -76,7 +80,12 @@ def apply(session: Any, mapper: Any, spell: Any) -> None:
             orig_set_default_tensor_type(cpu_name)
             if not mapper.on_cpu:
                 torch.set_default_device(mapper.device(None))
+                from_tensor_type.append(mapper.device(None))
             return None
-        return orig_set_default_tensor_type(t)
+        orig_set_default_tensor_type(t)
+        if from_tensor_type:  # a CPU tensor type after a CUDA one: tensors are made on the CPU again
+            from_tensor_type.clear()
+            orig_set_default(None)
+        return None
 
     p.set(torch, "set_default_tensor_type", set_default_tensor_type)
