@@ -969,6 +969,21 @@ at::Tensor view_as_complex(const at::Tensor& self) {
   return at::native::view_as_complex(self);
 }
 
+// `param.data = param.to(device)` across the host and the device: torch's own rule knows the in-tree
+// dense backends only (TensorImpl::has_compatible_shallow_copy_type) and leaves PrivateUse1 to its
+// backend (OpenReg registers this op, as a device must): without it, Module.to("npu") gave every
+// parameter a new Parameter object (Module._apply's set-data path is refused), and an optimizer built
+// before the move (diffusers' scripts, accelerate.prepare) held the host copies: no gradient reached
+// them ("No inf checks were recorded for this optimizer").
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto plain = [](const at::Tensor& t) {
+    const auto type = t.device().type();
+    return t.layout() == c10::Layout::Strided && !t.is_quantized() && (type == DeviceType::CPU || type == kDev);
+  };
+  return (plain(self) && plain(from)) ||
+         self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
@@ -987,6 +1002,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("unfold", unfold);
   m.impl("view_as_real", view_as_real);
   m.impl("view_as_complex", view_as_complex);
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
