@@ -274,14 +274,22 @@ def _autograd_probe(name: str) -> bool:
     import torch
 
     x = torch.ones(1, device=name, requires_grad=True)
+
+    def backward() -> None:
+        # through the C++ engine directly: torch.autograd.backward's Python graph-task object could be
+        # released last by the device's autograd thread at interpreter exit, without the GIL (an abort)
+        y = (x * 2).sum()
+        torch.autograd.Variable._execution_engine.run_backward(
+            (y,), (torch.ones_like(y),), False, False, (), allow_unreachable=True, accumulate_grad=True)
+
     try:
-        (x * 2).sum().backward()
+        backward()
         return False
     except RuntimeError as exc:
         if "device_ready_queues_" not in str(exc):
             raise
     torch._C._set_multithreading_enabled(False)
-    (x * 2).sum().backward()
+    backward()
     return True
 
 

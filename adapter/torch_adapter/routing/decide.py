@@ -79,6 +79,15 @@ def _composite_kind(name: str) -> str | None:
     return None
 
 
+def _out_variant_native(name: str, profile: Any) -> bool:
+    """The out= variant of a structured op's functional/in-place overload is native on the target
+    (``aten::argmax`` -> ``aten::argmax.out``, ``aten::scatter.src`` -> ``aten::scatter.src_out``)."""
+    base, _, overload = name.partition(".")
+    base = base.rstrip("_")
+    outs = (f"{base}.{overload}_out", f"{base}.out") if overload else (f"{base}.out",)
+    return any(profile.is_native(o) for o in outs)
+
+
 def _is_view(name: str) -> bool:
     entry = ops_table.op_entry(name)
     return bool(entry and entry.view and not entry.mutates and not entry.composite_implicit)
@@ -213,13 +222,22 @@ def _decide(name: str, profile: Any, registry: Any, policy: Any, self_calling: f
                              f"{lacks}; CompositeImplicitAutograd: decomposes into other aten ops above autograd", kind)
     decomp = decompositions().get(name)
     unsafe = rules.TRAINING_UNSAFE_DECOMPOSITIONS.get(name)
-    if decomp is not None and unsafe is None and name in self_calling:
+    if decomp is not None and unsafe is None and name not in self_calling:
+        return RouteDecision(name, Route.COMPOSITE, f"{lacks}; decomposes via torch._decomp ({_decomp_label(decomp)})",
+                             "torch._decomp")
+    if kind is None and _out_variant_native(name, profile) \
+            and has_kernel_for_key(name, ops_table.COMPOSITE_EXPLICIT_NONFUNCTIONAL):
+        # a structured op's functional/in-place variant: torchgen generates its
+        # CompositeExplicitAutogradNonFunctional kernel (it calls the out= variant), which the YAML does not
+        # declare; a device with only the out= kernel runs it so (argmax, scatter.src on Ascend's table) —
+        # found on the emulated npu, where the log said "fallback" and the device never fell back
+        return RouteDecision(name, Route.COMPOSITE, f"{lacks}; runs its {ops_table.COMPOSITE_EXPLICIT_NONFUNCTIONAL} "
+                             "kernel (torch's generated one: the out= variant, routed again)",
+                             ops_table.COMPOSITE_EXPLICIT_NONFUNCTIONAL)
+    if decomp is not None and unsafe is None:
         return RouteDecision(name, Route.FALLBACK, f"{lacks}; its torch._decomp decomposition calls the op itself "
                              "(found once, on sample inputs), so it runs on the CPU (inputs copied there, results back)",
                              "cpu")
-    if decomp is not None and unsafe is None:
-        return RouteDecision(name, Route.COMPOSITE, f"{lacks}; decomposes via torch._decomp ({_decomp_label(decomp)})",
-                             "torch._decomp")
     if name in rules.ENGINE_OPS and unsafe is None:
         return RouteDecision(name, Route.NATIVE, rules.ESSENTIAL_REASON, "device-essential")
     reason = f"{lacks} and no decomposition; runs on the CPU (inputs copied there, results back)"

@@ -280,7 +280,8 @@ def add_device_fallbacks(log: RoutingLog, before: dict[str, tuple[int, ...]], af
         calls, ns, to_host, back = (a - b for a, b in zip(now, was))
         if calls <= 0:
             continue
-        recs = [r for r in log.entries.values() if r.op == op and r.route == "fallback" and r.via != "cpu"]
+        # (an op the engine runs never reaches the device's fallback: no call is counted twice)
+        recs = [r for r in log.entries.values() if r.op == op and r.route == "fallback"]
         if not recs:
             d = decide(op)
             log.add(op, "fallback", calls=calls, self_time_ns=ns, bytes_to_cpu=to_host, bytes_from_cpu=back,
