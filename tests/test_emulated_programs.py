@@ -140,3 +140,23 @@ def test_torch_compile_of_a_module_on_the_npu(tmp_path):
               "is_class": isinstance(torch.cuda.StreamContext, type), "in_stream": str(z.device)}))
     """)
     assert r == {"equal": True, "device": "npu:0", "is_class": True, "in_stream": "npu:0"}
+
+
+def test_cuda_streams_and_device_properties_on_the_npu(tmp_path):
+    """torch.cuda.Stream(device=torch.device('cuda')) reached torch.npu.Stream with the cuda device, which it
+    refuses, and torch.cuda.stream(stream=s) met the device's parameter name s (timm's prefetcher);
+    torch.cuda.get_device_properties() was the device's, without CUDA's fields: 'no attribute major'
+    (denoising-diffusion-pytorch's Attend), 'no attribute gcnArchName' (inductor's cache key)."""
+    r = run_on_npu(tmp_path, """
+        import functools, json, torch
+        s = torch.cuda.Stream(device=torch.device("cuda"))
+        ctx = functools.partial(torch.cuda.stream, stream=s)
+        with ctx():
+            y = torch.ones(2, device="cuda") * 2
+        p = torch.cuda.get_device_properties(torch.device("cuda"))
+        print("RESULT " + json.dumps({"stream": [isinstance(s, torch.cuda.Stream), str(s.device),
+              str(torch.cuda.current_stream(torch.device("cuda", 0)).device)], "y": str(y.device),
+              "props": [p.major, p.minor, p.gcnArchName, p.name == torch.npu.get_device_name(),
+                        p.total_memory == torch.npu.get_device_properties().total_memory]}))
+    """)
+    assert r == {"stream": [True, "npu:0", "npu:0"], "y": "npu:0", "props": [0, 0, "", True, True]}

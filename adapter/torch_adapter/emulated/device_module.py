@@ -179,8 +179,8 @@ def make(name: str, ext: Any) -> types.ModuleType:
                 torch.accelerator.set_stream(self.prev)
             return False
 
-    def stream(s: Any) -> StreamContext:
-        return StreamContext(s)
+    def stream(stream: Any) -> StreamContext:  # torch.cuda.stream's parameter name (timm: partial(stream=s))
+        return StreamContext(stream)
 
     mod.stream = stream
     mod.StreamContext = StreamContext

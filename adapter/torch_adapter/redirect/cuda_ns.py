@@ -116,6 +116,77 @@ def _signature(fn: Any) -> inspect.Signature | None:
         return None
 
 
+def _cuda_target_arg(arg: Any, mapper: Any, call: str) -> Any:
+    """``arg`` as the target's device where it names a CUDA one (a ``cuda`` string or torch.device)."""
+    if (type(arg) is str and arg.startswith("cuda")) or (isinstance(arg, torch.device) and arg.type == "cuda"):
+        return mapper.map(arg, call)
+    return arg
+
+
+def _on_target(fn: Any, name: str, mapper: Any) -> Any:
+    """The device module's ``fn`` (a function or a class) called with the target's device where the program
+    names a CUDA one. A class stays one for ``isinstance`` and subclass checks (torch.cuda.Stream)."""
+    import functools
+
+    call = f"torch.cuda.{name}(device)"
+
+    def make(*args: Any, **kwargs: Any) -> Any:
+        return fn(*[_cuda_target_arg(a, mapper, call) for a in args],
+                  **{k: _cuda_target_arg(v, mapper, call) for k, v in kwargs.items()})
+
+    if not isinstance(fn, type):
+        functools.update_wrapper(make, fn)
+        return make
+
+    class _Meta(type(fn)):  # type: ignore[misc]
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, fn)
+
+        def __subclasscheck__(cls, sub: type) -> bool:
+            return issubclass(sub, fn)
+
+    def __new__(cls: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807
+        return make(*args, **kwargs)
+
+    return _Meta(name, (), {"__new__": __new__, "__module__": "torch.cuda", STAND_IN: fn,
+                            "__doc__": f"torch.cuda.{name}: the target's {getattr(fn, '__qualname__', name)} "
+                                       "(a CUDA device argument names the target's)"})
+
+
+class _CudaShapedProperties:
+    """The target device's properties with the fields CUDA's have that the device's lack (major, minor,
+    gcnArchName, ...: DeviceProperties' values, major/minor from get_device_capability). CUDA-written code
+    reads them: inductor's cache key reads gcnArchName where torch.version.cuda is None, and programs gate
+    kernels on ``major`` (denoising-diffusion-pytorch's Attend: 'no attribute major' on the npu)."""
+
+    def __init__(self, props: Any, capability: tuple[int, int]) -> None:
+        self._props = props
+        self._cuda = DeviceProperties(name=str(getattr(props, "name", "")),
+                                      total_memory=int(getattr(props, "total_memory", 0) or 0),
+                                      multi_processor_count=int(getattr(props, "multi_processor_count", 0) or 0),
+                                      major=int(capability[0]), minor=int(capability[1]), is_integrated=False)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return getattr(self._props, name)
+        except AttributeError:
+            return getattr(self._cuda, name)
+
+    def __repr__(self) -> str:
+        return repr(self._props)
+
+
+def _cuda_shaped(get_properties: Callable[..., Any], get_capability: Callable[..., Any]) -> Callable[..., Any]:
+    import functools
+
+    def get_device_properties(device: Any = None) -> Any:
+        props = get_properties(device)
+        return props if isinstance(props, DeviceProperties) else _CudaShapedProperties(props, get_capability(device))
+
+    functools.update_wrapper(get_device_properties, get_properties)
+    return get_device_properties
+
+
 class StandIn:
     """Builds the stand-in namespace for one session."""
 
@@ -196,6 +267,8 @@ class StandIn:
         ns["get_device_capability"] = d("get_device_capability", lambda device=None: (0, 0))
         ns["get_device_properties"] = d("get_device_properties", lambda device=None: DeviceProperties(
             name=name, total_memory=host_memory.total(), multi_processor_count=os.cpu_count() or 1))
+        if self.dev_mod is not None and callable(getattr(self.dev_mod, "get_device_properties", None)):
+            ns["get_device_properties"] = _cuda_shaped(ns["get_device_properties"], ns["get_device_capability"])
         ns["get_arch_list"] = lambda: []
         ns["get_gencode_flags"] = lambda: ""
         ns["synchronize"] = d("synchronize", _synchronize)
@@ -243,11 +316,14 @@ class StandIn:
 
             ns["StreamContext"] = StreamContext
         else:
-            Stream = getattr(self.dev_mod, "Stream", torch.Stream)
+            # the device's own, handed the target's device where the program names a CUDA one: timm's
+            # prefetcher makes torch.cuda.Stream(device=torch.device("cuda")), which torch.npu.Stream refuses
+            Stream = _on_target(getattr(self.dev_mod, "Stream", torch.Stream), "Stream", self.mapper)
             Event = getattr(self.dev_mod, "Event", torch.Event)
             for n in ("current_stream", "default_stream", "set_stream", "stream", "StreamContext"):
                 if hasattr(self.dev_mod, n):
-                    ns[n] = getattr(self.dev_mod, n)
+                    fn = getattr(self.dev_mod, n)
+                    ns[n] = _on_target(fn, n, self.mapper) if n in ("current_stream", "default_stream") else fn
         ns["Stream"], ns["Event"] = Stream, Event
 
     def _rng_names(self, ns: dict[str, Any]) -> None:
