@@ -22,13 +22,14 @@ pytestmark = pytest.mark.skipif(not can_build_extensions(), reason="the emulated
                                 "this machine has no C++ compiler or ninja")
 
 
-def run_on_npu(tmp_path, code: str, *, timeout: int = 300) -> dict:
-    """Run ``code`` as a script under ``torch-adapter run --target npu --emulate``; its RESULT object."""
+def run_on_npu(tmp_path, code: str, *flags: str, timeout: int = 300) -> dict:
+    """Run ``code`` as a script under ``torch-adapter run --target npu --emulate [flags]``; its RESULT object."""
     script = tmp_path / "prog.py"
     script.write_text(textwrap.dedent(code))
     env = {**os.environ, "PYTHONFAULTHANDLER": "1", "OMP_NUM_THREADS": "1"}
     env.pop("TORCH_ADAPTER_AUTOINSTALL", None)
-    p = subprocess.run([sys.executable, "-m", "torch_adapter", "run", "--target", "npu", "--emulate", str(script)],
+    p = subprocess.run([sys.executable, "-m", "torch_adapter", "run", "--target", "npu", "--emulate", *flags,
+                        str(script)],
                        capture_output=True, text=True, env=env, timeout=timeout, cwd=str(tmp_path))
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     assert p.returncode == 0 and lines, f"rc={p.returncode}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-6000:]}"
@@ -160,3 +161,25 @@ def test_cuda_streams_and_device_properties_on_the_npu(tmp_path):
                         p.total_memory == torch.npu.get_device_properties().total_memory]}))
     """)
     assert r == {"stream": [True, "npu:0", "npu:0"], "y": "npu:0", "props": [0, 0, "", True, True]}
+
+
+def test_torch_compile_under_run_report(tmp_path):
+    """`torch-adapter run --report` records ops with a dispatch mode, and dynamo skipped every frame under it
+    ('non-infra torch dispatch mode present'): torch.compile(fullgraph=True) raised (gpt-fast --compile,
+    extension-cpp under the acceptance run's report), a plain torch.compile silently ran eager. The recorder
+    lets compilation through now; the ops the program runs eagerly are still in the report."""
+    report = tmp_path / "r.json"
+    r = run_on_npu(tmp_path, """
+        import json, torch
+        import torch._dynamo
+        m = torch.nn.Linear(4, 4).cuda()
+        f = torch.compile(lambda x: torch.relu(m(x)) + 1, backend="eager", fullgraph=True)
+        x = torch.randn(2, 4, device="cuda")
+        y = f(x)
+        z = torch.special.i0e(x)  # eager, and a fallback of the device: recorded
+        print("RESULT " + json.dumps({"equal": torch.equal(y.cpu(), (torch.relu(m(x)) + 1).cpu()),
+              "frames": torch._dynamo.utils.counters["stats"]["unique_graphs"]}))
+    """, "--report-json", str(report))
+    assert r["equal"] is True and r["frames"] >= 1
+    ops = {o["op"] for o in json.loads(report.read_text())["ops"]}
+    assert any(op.startswith("aten::special_i0e") for op in ops)

@@ -47,6 +47,14 @@ def _recorder_class() -> type:
             self.logs: list[RoutingLog] = []
             self._decisions: dict[Any, Any] = {}
 
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            # torch.compile compiles under it (the mode is off while compiling, on for the compiled code's
+            # run): without this dynamo skipped every frame under `torch-adapter run --report` ("non-infra
+            # torch dispatch mode present"), so torch.compile(fullgraph=True) raised (gpt-fast --compile,
+            # extension-cpp's compile test) and a plain torch.compile ran eager: the report changed the run
+            return True
+
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if not self.logs or internal_active():  # no block listening (a followed thread that outlived
                 return func(*args, **(kwargs or {}))  # its trace()), or torch_adapter's own work: not recorded
