@@ -143,3 +143,30 @@ out["plain"] = str(torch.cuda.DoubleTensor([1.0, 2.0]).device)
 """)
     assert r == {"cpu": "legacy constructor expects device type: cuda but device type: cpu was passed",
                  "cuda0": ["npu:0", "torch.float32", [2]], "plain": "npu:0"}, r
+
+
+def test_decomposed_op_keeps_the_native_kernels_argument_rules():
+    """test_binary_ufuncs' test_copysign and test_heaviside (float32): on a real device target an op
+    the vendor's table lacks runs its torch._decomp reference. copysign's reference refused a host
+    zero-dim tensor beside a device tensor ('Expected divisor (b) to be on the same device'), which the
+    native kernel takes as a scalar; heaviside's computed mixed dtypes, which the native kernel refuses."""
+    r = results("""
+x = torch.randn(5, device="cuda")
+h = torch.tensor(1.0)
+c = torch.copysign(h, x)
+out["copysign"] = [str(c.device), torch.equal(c.cpu(), torch.copysign(h, x.cpu()))]
+out["copysign_rhs"] = torch.equal(torch.copysign(x, torch.tensor(-1.0)).cpu(), torch.copysign(x.cpu(), torch.tensor(-1.0)))
+a, v = torch.tensor([0.0, 1.0, -1.0], device="cuda"), torch.tensor([5, 5, 5], device="cuda")
+for name, fn in [("heaviside", lambda: torch.heaviside(a, v)), ("method", lambda: a.heaviside(v)),
+                 ("inplace", lambda: a.clone().heaviside_(v)),
+                 ("out", lambda: torch.heaviside(a, v.float(), out=torch.empty(3, dtype=torch.long, device="cuda")))]:
+    try:
+        fn(); out[name] = "no error"
+    except RuntimeError as e:
+        out[name] = str(e)
+out["same_dtype"] = torch.heaviside(a, v.float()).cpu().tolist()
+""")
+    msg = "heaviside is not yet implemented for tensors with different dtypes."
+    assert r["copysign"] == ["npu:0", True] and r["copysign_rhs"] is True, r
+    assert [r[k] for k in ("heaviside", "method", "inplace", "out")] == [msg] * 4, r
+    assert r["same_dtype"] == [5.0, 1.0, 0.0], r

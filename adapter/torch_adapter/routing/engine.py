@@ -229,7 +229,7 @@ class Engine:
                 if d.op in st.stack:  # the decomposition calls the op itself
                     d = _declined(d, "its torch._decomp decomposition calls the op itself")
                 else:
-                    out = self._decompose(d, args, kwargs)
+                    out = self._decompose(d, op, args, kwargs)
                     if out is NotImplemented:
                         d = _declined(d, "its torch._decomp decomposition returned NotImplemented for these arguments")
                 if out is NotImplemented:
@@ -286,14 +286,47 @@ class Engine:
         finally:
             st.parent = parent
 
-    def _decompose(self, d: RouteDecision, args: tuple, kwargs: dict) -> Any:
+    def _decompose(self, d: RouteDecision, op: Any, args: tuple, kwargs: dict) -> Any:
         st = state
         st.stack.append(d.op)
         try:
             fn = tp.decompositions()[d.op]
+            _native_checks(d.op, args, kwargs)
+            if not self.simulated:
+                args, kwargs = self._host_scalars(op, args, kwargs)
             return self._pieces(d, lambda: fn(*args, **kwargs))
         finally:
             st.stack.pop()
+
+    def _host_scalars(self, op: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """A real device target: host zero-dim tensors read next to the device's tensors go to the device
+        before a decomposition runs. The native kernels take them as scalars (TensorIterator: a CPU
+        scalar is an input a CUDA kernel accepts); a reference may check devices more strictly
+        (torch._refs.copysign refused ``copysign(torch.tensor(1.0), device_t)``: 'Expected divisor (b)
+        to be on the same device'). A written argument (out=, in-place self) is never moved."""
+        Tensor = self._torch.Tensor
+        dev_type = self.device.type
+
+        def tensors(v: Any) -> list[Any]:
+            return [v] if isinstance(v, Tensor) else [t for t in v if isinstance(t, Tensor)] \
+                if isinstance(v, (list, tuple)) else []
+
+        values = [*args, *kwargs.values()]
+        if not any(t.device.type == dev_type for v in values for t in tensors(v)):
+            return args, kwargs
+        if not any(t.device.type == "cpu" and t.dim() == 0 for v in values for t in tensors(v)):
+            return args, kwargs
+        written = {a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+        names = [a.name for a in op._schema.arguments]
+
+        def move(name: str, v: Any) -> Any:
+            if name in written or not isinstance(v, Tensor) or v.device.type != "cpu" or v.dim() != 0:
+                return v
+            return v.to(self.device)
+
+        args = tuple(move(names[i] if i < len(names) else "", v) for i, v in enumerate(args))
+        kwargs = {k: move(k, v) for k, v in kwargs.items()}
+        return args, kwargs
 
     def _registered(self, d: RouteDecision, args: tuple, kwargs: dict) -> Any:
         from .registry import registry_of
@@ -382,6 +415,21 @@ class Engine:
 @functools.lru_cache(maxsize=None)
 def _declined(d: RouteDecision, why: str) -> RouteDecision:
     return RouteDecision(d.op, Route.FALLBACK, f"{d.reason.split(';')[0]}; {why}, so this call runs on the CPU", "cpu")
+
+
+def _native_checks(op: str, args: tuple, kwargs: dict) -> None:
+    """The native kernel's argument checks its decomposition lacks (:data:`rules.NATIVE_CHECKS`):
+    torch's own error, as the kernel raises it."""
+    base = op.partition("::")[2].partition(".")[0].rstrip("_")
+    check = rules.NATIVE_CHECKS.get(base)
+    if check is None:
+        return
+    import torch
+
+    kind, message = check
+    tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+    if kind == "same_dtype" and len({t.dtype for t in tensors}) > 1:
+        raise RuntimeError(message)
 
 
 def _write_back(orig: Any, moved: dict[int, Any], nbytes: list[int]) -> None:

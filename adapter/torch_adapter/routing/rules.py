@@ -17,6 +17,7 @@ __all__ = [
     "HOST_SELECTED",
     "host_selected",
     "RAISING_COMPOSITES",
+    "NATIVE_CHECKS",
 ]
 
 # CompositeExplicitAutograd kernels that only raise "not implemented": the hook a backend is
@@ -26,6 +27,14 @@ RAISING_COMPOSITES: dict[str, str] = {
                                       "not implemented' (a hook for backends to override)",
     "aten::convolution_backward_overrideable": "its CompositeExplicitAutograd kernel only raises 'not implemented' "
                                                "(a hook for backends to override)",
+}
+
+# Argument checks an op's native kernel makes (CPU and CUDA alike) that its torch._decomp reference does
+# not: a decomposed call would compute where CUDA raises. Base name (its in-place and out= overloads
+# too) -> (check, torch's own message). Checks: "same_dtype" (every tensor argument, out= included).
+# Found by PyTorch's test_binary_ufuncs on the emulated npu (heaviside is not in Ascend's table).
+NATIVE_CHECKS: dict[str, tuple[str, str]] = {
+    "heaviside": ("same_dtype", "heaviside is not yet implemented for tensors with different dtypes."),
 }
 
 # torch._decomp entries that must not be used to execute an op during training (or at
