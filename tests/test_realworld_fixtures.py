@@ -49,3 +49,27 @@ def test_tiktoken_shim_gpt2_and_bpe_file(tmp_path):
         for k in [k for k in sys.modules if k == "tiktoken" or k.startswith("tiktoken.")]:
             del sys.modules[k]
         sys.modules.update(saved)
+
+
+def test_target_flags_reach_every_adapter_run_and_losses_compare_as_printed():
+    """--target npu --emulate goes after each `torch_adapter run` a case starts (torchrun ranks included);
+    losses compare as printed: same, close within one unit of the last printed digit, or different."""
+    common = _import(HERE, "common")
+    flags = ["--target", "npu", "--emulate"]
+    cmd = ["torchrun", "--nproc-per-node", "2", "-m", "torch_adapter", "run", "train.py", "--run", "x"]
+    assert common.with_target_flags(cmd, flags) == [*cmd[:6], *flags, *cmd[6:]]
+    assert common.with_target_flags(common.with_target_flags(cmd, flags), flags) == common.with_target_flags(cmd, flags)
+    keyed = common.keyed(r"(?P<step>\d+)/2 \[[^\]\n]*loss=(?P<value>[\d.]+)")
+    out = "1/2 [00:00, loss=2.29]\r1/2 [00:01, loss=2.28]\r2/2 [00:01, loss=2.27]\r2/2 [00:02, loss=2.27]"
+    assert keyed(None, out) == [2.28, 2.27]
+    sys.path.insert(0, str(HERE))
+    try:
+        run = _import(HERE, "run")
+    finally:
+        sys.path.remove(str(HERE))
+    P = common.Printed
+    ok = {"ok": True}
+    assert run._compare({**ok, "metric": [P("2.28")]}, {**ok, "metric": [P("2.28")]})["verdict"] == "same"
+    assert run._compare({**ok, "metric": [P("2.28")]}, {**ok, "metric": [P("2.29")]})["verdict"] == "close"
+    assert run._compare({**ok, "metric": [P("2.28")]}, {**ok, "metric": [P("2.30")]})["verdict"] == "different"
+    assert run._compare({**ok, "metric": [P("2.28")]}, {"ok": False, "metric": []})["verdict"] == "failed"

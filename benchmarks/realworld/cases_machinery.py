@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import fixtures
-from common import PY, RUN, TORCHRUN2, Case, expect
+from common import PY, RUN, TORCHRUN2, Case, expect, floats, texts
 
 REPOS = {  # key -> a file that identifies the checkout
     "llm.c": "dev/data/data_common.py",
@@ -98,3 +98,17 @@ CASES = [
     Case("extension-cpp test/test_extension.py (custom ops, opcheck, compile reduce-overhead)", "extension-cpp",
          _extension_cpp, _extension_check, timeout=1200, paths=("{work}/site",)),
 ]
+
+
+# What each case's runs on two targets are compared by (run.py's --compare-cpu): name substring -> spec.
+COMPARE = {
+    "llm.c train_gpt2.py d12 --dtype": dict(metric=floats(r"train loss ([\d.]+)"), note="train loss per step"),
+    "llm.c train_gpt2.py d12 --compile": dict(metric=floats(r"train loss ([\d.]+)"), note="train loss per step"),
+    "llm.c train_gpt2.py d12 torchrun": dict(metric=floats(r"train loss ([\d.]+)"),
+                                             note="train loss per step (rank 0)"),
+    "gpt-fast": dict(metric=texts(r"(?s)(Hello, my name is.*?)\n(?:Time for inference|Compilation time)"),
+                     note="the generated text (greedy from random weights)"),
+    "timm train.py resnet18 --torchscript": dict(metric=floats(r"Loss:\s+([\d.]+)"), note="Loss per batch",
+                                                 artifacts=("out/e/last.pth.tar",)),
+    "extension-cpp": dict(note="its own test suite (no loss): pass/fail only"),
+}

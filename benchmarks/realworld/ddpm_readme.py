@@ -1,13 +1,17 @@
 """denoising-diffusion-pytorch's README usage ("Or, if you simply want to pass in a folder…"), as a file.
 
 The README's snippet with its sizes shrunk (dim, image_size, steps) and FID off (it needs
-Inception weights from the network); everything else as written, including
+Inception weights from the network), and seeded; everything else as written, including
 ``flash_attn = True`` and ``amp = True``. Run as ``torch-adapter run ddpm_readme.py IMAGES``.
 """
 
 import sys
 
+import torch
+
 from denoising_diffusion_pytorch import GaussianDiffusion, Trainer, Unet
+
+torch.manual_seed(0)  # not in the README: seeded so that two targets' losses compare (run.py --compare-cpu)
 
 model = Unet(
     dim = 8,
