@@ -170,3 +170,22 @@ out["same_dtype"] = torch.heaviside(a, v.float()).cpu().tolist()
     assert r["copysign"] == ["npu:0", True] and r["copysign_rhs"] is True, r
     assert [r[k] for k in ("heaviside", "method", "inplace", "out")] == [msg] * 4, r
     assert r["same_dtype"] == [5.0, 1.0, 0.0], r
+
+
+def test_mode_out_runs_where_its_composite_refuses_the_device():
+    """test_reductions' test_mode, test_dim_reduction_fns (mode), test_mode_wrong_dtype: mode.values (the
+    out= variant) is not in Ascend's table and its CompositeExplicitAutograd kernel refuses every device
+    but CPU, CUDA and XPU ('mode only supports CPU, CUDA and XPU device type, got: npu'); the composite holds
+    the device's slot, so the device's own fallback never saw it. It now runs on the CPU (routed)."""
+    r = results("""
+x = torch.tensor([[1.0, 1.0, 2.0], [3.0, 3.0, 3.0]], device="cuda")
+v, i = torch.tensor((), device="cuda"), torch.tensor((), device="cuda", dtype=torch.long)
+got = torch.mode(x, keepdim=False, out=(v, i))
+ref = torch.mode(x.cpu(), keepdim=False)
+out["out"] = [got[0] is v, str(v.device), torch.equal(v.cpu(), ref.values), torch.equal(i.cpu(), ref.indices)]
+try:
+    torch.mode(x, out=(torch.tensor((), device="cuda", dtype=torch.long), i)); out["wrong_dtype"] = "no error"
+except RuntimeError as e:
+    out["wrong_dtype"] = "expected scalar type" in str(e) and "for values" in str(e)
+""")
+    assert r == {"out": [True, "npu:0", True, True], "wrong_dtype": True}, r

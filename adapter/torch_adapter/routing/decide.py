@@ -214,6 +214,10 @@ def _decide(name: str, profile: Any, registry: Any, policy: Any, self_calling: f
         return RouteDecision(name, Route.YOURS, f"{lacks}; your register_fallback implementation runs it on the "
                              "device (nothing copied)", "register_fallback")
     kind = _composite_kind(name)
+    refusing = rules.DEVICE_REFUSING_COMPOSITES.get(name)
+    if kind in ops_table.EXPLICIT_KEYS and refusing is not None and key not in refusing[0]:
+        return RouteDecision(name, Route.FALLBACK, f"{lacks}; {refusing[1]}; runs on the CPU (inputs copied there, "
+                             "results back)", "cpu")
     if kind in ops_table.EXPLICIT_KEYS:
         return RouteDecision(name, Route.COMPOSITE, f"{lacks}; runs its {kind} kernel (written with other aten ops)",
                              kind)

@@ -148,8 +148,11 @@ class Engine:
             return tp.has_kernel_for_key(d.op, self.key) and tp.has_kernel_for_key(d.op, d.via)
         if d.route in (Route.FALLBACK, Route.REFUSED):  # only when the CPU can run it (else torch's error stands)
             if not self.simulated and d.route is Route.FALLBACK and self.policy.fallback == "allow" \
-                    and d.op not in self.policy.force_cpu:
-                return False  # a real device's own fallback runs it (torch_npu's, the emulated device's: C++)
+                    and d.op not in self.policy.force_cpu \
+                    and d.op not in rules.DEVICE_REFUSING_COMPOSITES:
+                # a real device's own fallback runs it (torch_npu's, the emulated device's: C++) — not where
+                # a composite that only refuses the device holds the device's slot (mode.values)
+                return False
             return tp.host_kernel(d.op, "CPU") is not None
         return False
 

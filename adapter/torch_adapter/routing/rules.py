@@ -18,6 +18,7 @@ __all__ = [
     "host_selected",
     "RAISING_COMPOSITES",
     "NATIVE_CHECKS",
+    "DEVICE_REFUSING_COMPOSITES",
 ]
 
 # CompositeExplicitAutograd kernels that only raise "not implemented": the hook a backend is
@@ -35,6 +36,15 @@ RAISING_COMPOSITES: dict[str, str] = {
 # Found by PyTorch's test_binary_ufuncs on the emulated npu (heaviside is not in Ascend's table).
 NATIVE_CHECKS: dict[str, tuple[str, str]] = {
     "heaviside": ("same_dtype", "heaviside is not yet implemented for tensors with different dtypes."),
+}
+
+# CompositeExplicitAutograd kernels that refuse every device but the in-tree ones they name: on another
+# device (PrivateUse1: npu) the composite only raises, so the op runs on the CPU there. op -> (the device
+# keys the kernel accepts, why). Found by PyTorch's test_reductions on the emulated npu.
+DEVICE_REFUSING_COMPOSITES: dict[str, tuple[frozenset[str], str]] = {
+    "aten::mode.values": (frozenset({"CPU", "CUDA", "XPU"}),
+                          "its CompositeExplicitAutograd kernel (mode_out) refuses other devices ('mode only "
+                          "supports CPU, CUDA and XPU device type')"),
 }
 
 # torch._decomp entries that must not be used to execute an op during training (or at
