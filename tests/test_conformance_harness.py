@@ -81,3 +81,25 @@ def test_rules_need_their_context():
     assert run.classify(scaler) == ("asserts the result's device is cuda", run.BY_DESIGN)
     assert run.classify("AssertionError: False is not true\n    self.assertTrue(ok)") == run.OTHER
     assert set(run.WIDE_FILES) == {"test_modules.py", "test_optim.py", "test_nn.py", "test_torch.py"}
+
+
+def test_emulated_rules_drop_the_one_device_classes():
+    """On the emulated npu (run.py --target npu --emulate) the device is distinct from the CPU: the
+    one-device classes are not applied; only the naming rule (npu:i where the test wrote cuda:i) and the
+    empty quantized backend are by design there. A result left on the CPU is a defect."""
+    run = _harness()
+    rules = run.rules_for("npu", emulate=True)
+    assert run.rules_for("cpu") is run.RULES
+    naming = run.classify("AssertionError: Object comparison failed: device(type='npu', index=0) != "
+                          "device(type='cuda', index=0)", rules)
+    assert naming[1] == run.BY_DESIGN and "named cuda" in naming[0]
+    assert run.classify("AssertionError: String comparison failed: 'cuda' != 'npu'", rules)[1] == run.BY_DESIGN
+    assert run.classify('AssertionError: "from device \'cuda:0\' to \'cpu\'" does not match "can\'t alias tensor '
+                        'from device \'npu:0\' to \'cpu\'."', rules)[1] == run.BY_DESIGN
+    # another index, or a result on the CPU, is not a naming difference
+    assert run.classify("AssertionError: device(type='npu', index=0) != device(type='cuda', index=1)", rules) == run.OTHER
+    assert run.classify("AssertionError: device(type='cpu') != device(type='cuda', index=0)", rules) == run.OTHER
+    # the cross-device error must happen there
+    assert run.classify("AssertionError: RuntimeError not raised by <lambda>\n  'on the same device'", rules) == run.OTHER
+    assert run.classify("NotImplementedError: Could not run 'aten::_empty_affine_quantized' with arguments from "
+                        "the 'Quantizednpu' backend.", rules)[1] == run.BY_DESIGN

@@ -9,7 +9,11 @@ named class, *by design* or *adapter defect*). A CPU-class outcome that changes 
 two runs is listed too (goal: none).
 
     python benchmarks/conformance/run.py TEST_DIR [--set default|wide] [--files a,b] [-k EXPR]
-        [--file-k FILE=EXPR] [--json OUT] [--timeout S] [--write-figures] [--figures-name NAME]
+        [--file-k FILE=EXPR] [--json OUT] [--timeout S] [--write-figures] [--figures-name NAME] [--target npu --emulate]
+
+``--target npu --emulate`` runs the adapted pass on the project's emulated device (a real
+PrivateUse1 device, distinct from the CPU): the one-device by-design rules are not applied there
+(:func:`rules_for`).
 """
 
 from __future__ import annotations
@@ -69,6 +73,48 @@ RULES: list[Rule] = [
 ]
 OTHER = ("unclassified failure", DEFECT)
 
+# By-design classes that hold only where "cuda" *is* the CPU (the CPU target): on a device distinct
+# from the CPU (the emulated npu) cross-device errors happen, results are not on the CPU, and the
+# device is a second one beside the CPU, so those tests must pass for real.
+ONE_DEVICE_ONLY = frozenset({
+    "expects a cross-device error that cannot happen on one device",
+    "asserts the result's device is cuda",
+    "takes its CUDA branch (torch.cuda.is_available() is True) and expects a second, distinct device",
+})
+# What remains of "the result's device" on a distinct device: the tensor says what it is (npu:0 where
+# the test wrote cuda:0, the same index; tensor.device and is_cuda stay truthful, docs/redirect.md);
+# a result left on the CPU ('cpu' != 'cuda') is a defect there, not this class.
+DEVICE_NAME_CLASS = ("asserts the device is named cuda; it is the target's ({t}:i for cuda:i, the same index: "
+                     "tensor.device stays truthful)")
+
+
+def device_name_rule(target: str) -> Rule:
+    """The naming rule for ``target``: the same index under the target's name where the test wrote cuda."""
+    t = re.escape(target)
+    return (DEVICE_NAME_CLASS.format(t=target), BY_DESIGN,
+            rf"(device\(type='{t}', index=(?P<i>\d+)\) != device\(type='cuda', index=(?P=i)\)"
+            rf"|device\(type='cuda', index=(?P<j>\d+)\) != device\(type='{t}', index=(?P=j)\)"
+            rf"|'{t}(:0)?' != 'cuda(:0)?'|'cuda(:0)?' != '{t}(:0)?'"
+            # an expected error text naming cuda where torch's names the device: assertRaisesRegex's mismatch
+            rf"|\"[^\"]*'cuda(:\d+)?'[^\"]*\" does not match \"[^\"]*'{t}(:\d+)?'[^\"]*\")", None)
+
+
+def quantized_rule(target: str) -> Rule:
+    """Quantized tensors on a device whose Quantized<target> key has no kernels (torch has quantized
+    backends for the CPU and CUDA only; the CPU target has the CPU's)."""
+    return ("quantized tensors: torch's quantized backends are QuantizedCPU and QuantizedCUDA; "
+            f"Quantized{target} has no kernels", BY_DESIGN, rf"'Quantized{re.escape(target)}' backend", None)
+
+
+def rules_for(target: str = "cpu", emulate: bool = False) -> list[Rule]:
+    """The rules of a run: all of :data:`RULES` where "cuda" is the CPU (the CPU target); on a device
+    distinct from the CPU (``emulate``) the one-device classes go and only the naming rule stays,
+    and quantized tensors meet the device's empty quantized backend."""
+    if not emulate:
+        return RULES
+    return [device_name_rule(target), quantized_rule(target),
+            *(r for r in RULES if r[0] not in ONE_DEVICE_ONLY)]
+
 
 def classify(text: str, rules: list[Rule] = RULES) -> tuple[str, str]:
     """(class, kind) of a failure: the first rule whose message pattern matches the message
@@ -99,9 +145,14 @@ def parse_junit(path: Path) -> dict[str, dict[str, str]]:
 
 
 def run_pytest(test_dir: Path, file: str, adapted: bool, xml: Path, *, timeout: int, k: str | None,
-               wall_limit: int) -> dict[str, Any]:
+               wall_limit: int, target: str = "cpu", emulate: bool = False) -> dict[str, Any]:
     """One fresh interpreter: pytest over ``file`` writing JUnit XML; returns rc and wall time."""
     env = dict(os.environ, PYTORCH_TEST_WITH_SLOW="0", PYTORCH_PRINT_REPRO_ON_FAILURE="0")
+    if adapted:  # adapter_plugin.py reads these
+        env["CONFORMANCE_TARGET"] = target
+        env["CONFORMANCE_EMULATE"] = "1" if emulate else "0"
+    if emulate:  # the emulated device's own PrivateUse1 classes are not what is measured: the CUDA ones are
+        env["PYTORCH_TESTING_DEVICE_EXCEPT_FOR"] = "privateuse1"
     paths = [str(HERE)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     env["PYTHONPATH"] = os.pathsep.join(paths)
     cmd = [sys.executable, "-m", "pytest", file, "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
@@ -125,7 +176,8 @@ def _cuda_key(cpu_key: str) -> str:
     return f"{cls[:-3]}CUDA::{re.sub(r'_cpu(?=_|$)', '_cuda', name, count=1)}"
 
 
-def compare(plain: dict[str, dict[str, str]], adapted: dict[str, dict[str, str]]) -> dict[str, Any]:
+def compare(plain: dict[str, dict[str, str]], adapted: dict[str, dict[str, str]],
+            rules: list[Rule] = RULES) -> dict[str, Any]:
     """Match CPU-plain tests to their CUDA-adapted twins; classify the ones that got worse."""
     cpu = {k: v for k, v in plain.items() if k.split("::")[0].endswith("CPU")}
     cpu_pass = [k for k, v in cpu.items() if v["outcome"] == "passed"]
@@ -137,13 +189,13 @@ def compare(plain: dict[str, dict[str, str]], adapted: dict[str, dict[str, str]]
         if twin["outcome"] == "passed":
             cuda_pass += 1
         elif twin["outcome"] in ("failed", "error"):
-            name, kind = classify(twin["text"])
+            name, kind = classify(twin["text"], rules)
             first = next((ln for ln in twin["text"].splitlines() if ln.strip()), "")[:200]
             rows.append({"test": _cuda_key(key), "class": name, "kind": kind, "message": first})
     for key, v in cpu.items():
         a = adapted.get(key)
         if a is not None and a["outcome"] != v["outcome"]:
-            why = classify(a["text"]) if a["outcome"] in ("failed", "error") else ("", "")
+            why = classify(a["text"], rules) if a["outcome"] in ("failed", "error") else ("", "")
             changed.append({"test": key, "plain": v["outcome"], "adapted": a["outcome"], "class": why[0],
                             "kind": why[1], "message": a["text"].splitlines()[0][:200] if a["text"] else ""})
     comparable = sum(1 for k in cpu_pass if _cuda_key(k) in adapted)
@@ -167,7 +219,7 @@ def run_file(test_dir: Path, file: str, work: Path, args: argparse.Namespace) ->
         else:
             xml.unlink(missing_ok=True)
             info = run_pytest(test_dir, file, adapted, xml, timeout=args.timeout, k=args.file_k.get(file, args.k),
-                              wall_limit=args.wall_limit)
+                              wall_limit=args.wall_limit, target=args.target, emulate=args.emulate)
         res[f"{'adapted' if adapted else 'plain'}_wall_s"] = info["wall_s"]
         runs[adapted] = parse_junit(xml)
         broken = [v["text"] for k, v in runs[adapted].items() if k.startswith("::") and v["outcome"] == "error"]
@@ -180,7 +232,7 @@ def run_file(test_dir: Path, file: str, work: Path, args: argparse.Namespace) ->
             res["error"] = ("import error" if "rror" in info["tail"] else "no results") + \
                 f" ({'adapted' if adapted else 'plain'}): " + info["tail"][-600:]
             return res
-    res.update(compare(runs[False], runs[True]))
+    res.update(compare(runs[False], runs[True], rules_for(args.target, args.emulate)))
     return res
 
 
@@ -219,7 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-k", help="pytest -k expression (both runs)")
     ap.add_argument("--file-k", action="append", default=[], metavar="FILE=EXPR",
                     help="a -k expression for one file only (repeatable; it replaces -k for that file)")
-    ap.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "conformance.json")
+    ap.add_argument("--target", default="cpu", help="the adapted run's target (default cpu)")
+    ap.add_argument("--emulate", action="store_true",
+                    help="run the adapted pass on the emulated device (--target npu): a device distinct from "
+                         "the CPU, so the one-device by-design rules are not applied")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="default benchmarks/results/conformance.json (conformance-emulated.json with --emulate)")
     ap.add_argument("--timeout", type=int, default=120, help="per-test timeout (pytest-timeout), seconds")
     ap.add_argument("--wall-limit", type=int, default=3600, help="per pytest run, seconds")
     ap.add_argument("--write-figures", action="store_true")
@@ -229,12 +286,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="classify the JUnit XML the last run left (no pytest run; after a rule change)")
     args = ap.parse_args(argv)
     args.file_k = dict(item.split("=", 1) for item in args.file_k)
+    if args.json is None:
+        args.json = REPO / "benchmarks" / "results" / ("conformance-emulated.json" if args.emulate else "conformance.json")
     args.previous = {}
     if args.reuse_xml and args.json.exists():
         args.previous = {r["file"]: r for r in json.loads(args.json.read_text()).get("results", [])}
     files = args.files.split(",") if args.files else [f for f in FILE_SETS[args.set] if (args.test_dir / f).exists()]
     args.json = args.json.resolve()  # pytest runs in TEST_DIR: the XML path must not be relative
-    work = args.json.parent / "conformance_xml"
+    work = args.json.parent / f"{args.json.stem}_xml"  # conformance_xml for the default JSON
     work.mkdir(parents=True, exist_ok=True)
     m = meta()
     results = []
@@ -248,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         prev = json.loads(args.json.read_text())
         cmd = prev.get("command", cmd).split("  # ")[0] + "  # classified again with --reuse-xml"
         m = prev.get("meta", m)
+    m["target"], m["emulate"] = args.target, args.emulate
     doc = {"name": "conformance", "meta": m, "command": cmd, "results": results}
     print(table(results))
     for r in results:

@@ -24,7 +24,7 @@ from ..core.config import DTYPE_POLICIES, FLOAT16_COMPUTE, OPTIMIZATION_LEVELS
 __all__ = ["main", "build_parser"]
 
 # Modules that add a sub-command with `register(subparsers)`.
-_PLUGINS = ("torch_adapter.check.cli", "torch_adapter.coverage.cli", "torch_adapter.cli.memory",
+_PLUGINS = ("torch_adapter.check.cli", "torch_adapter.coverage.cli", "torch_adapter.cli.memory", "torch_adapter.cli.build",
             "torch_adapter.cli.export")
 
 

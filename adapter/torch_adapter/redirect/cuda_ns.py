@@ -14,6 +14,7 @@ the same names), so ``import torch.cuda as tc`` made before install sees them to
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import os
 import platform
@@ -198,8 +199,25 @@ class StandIn:
         self.fraction = 1.0
 
     def _delegate(self, name: str, cpu_impl: Callable[..., Any]) -> Callable[..., Any]:
+        """The device module's ``name`` where it has one, else ``cpu_impl``. The device module is handed
+        the target's device where the program named a CUDA one (``torch.cuda.get_device_name(
+        torch.device("cuda", 0))`` reaches ``torch.npu.get_device_name(npu:0)``: torch_npu, like the
+        emulated npu, refuses a cuda device)."""
         fn = getattr(self.dev_mod, name, None) if self.dev_mod is not None else None
-        return fn if callable(fn) else cpu_impl
+        if not callable(fn):
+            return cpu_impl
+        mapper = self.mapper
+
+        def mapped(arg: Any) -> Any:
+            if (type(arg) is str and arg.startswith("cuda")) or (isinstance(arg, torch.device) and arg.type == "cuda"):
+                return mapper.map(arg, f"torch.cuda.{name}(device)")
+            return arg
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return fn(*[mapped(a) for a in args], **{k: mapped(v) for k, v in kwargs.items()})
+
+        return call
 
     def names(self) -> dict[str, Any]:
         """Every name of the stand-in namespace: torch.cuda's answers for the target."""

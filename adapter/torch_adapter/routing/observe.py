@@ -129,7 +129,7 @@ def _load(*, verbose: bool = False, strict: bool = False) -> Any:
                 if not can_build_extensions():
                     raise RuntimeError("no C++ compiler ($CXX, else c++) or no ninja on this machine")
                 if not verbose:
-                    print("torch_adapter: compiling the C++ op observer (once; ~10 s, then cached)...",
+                    print("torch_adapter: compiling the C++ op observer (once; ~10 s, then cached; `torch-adapter build` does it ahead)...",
                           file=sys.stderr, flush=True)
             _EXT = load_extension(_extension_name(), _SOURCE, verbose=verbose)
             _BUILD_ERROR = None
