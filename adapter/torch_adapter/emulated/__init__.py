@@ -31,7 +31,9 @@ device types built into torch, which PrivateUse1 cannot be renamed to.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
+import os
 import re
 import sys
 import threading
@@ -262,6 +264,7 @@ def start(name: str, native: Iterable[str], *, device_count: int = 1) -> Emulato
         vendor_package.register(name, module)  # `import torch_npu` works, as libraries ask for it (accelerate)
         _ACTIVE = Emulator(name, ext, module, tuple(plan.ops), plan.skipped)
         _ACTIVE.autograd_on_calling_thread = _autograd_probe(name)
+        atexit.register(_drain_autograd_threads, name, os.getpid())
         return _ACTIVE
 
 
@@ -291,6 +294,43 @@ def _autograd_probe(name: str) -> bool:
     torch._C._set_multithreading_enabled(False)
     backward()
     return True
+
+
+# Tensors of the exit drain's backward: kept for the process's life, so the device's autograd thread never
+# frees the last reference of a tensor that has a Python object (that would take the GIL).
+_DRAIN_KEEP: list[Any] = []
+
+
+def _drain_autograd_threads(name: str, pid: int) -> None:
+    """At interpreter exit (atexit: before finalization), let each of the device's autograd threads
+    finish what it holds. torch's ``_engine_run_backward`` stashes a ``contextvars`` context in the
+    thread-local state every backward captures; the GraphTask keeps it, and the device's autograd
+    thread (one per device index, as for CUDA) can drop the last reference *after* the caller's
+    backward returned, taking the GIL to free it. When the program ends within that window the thread
+    meets a finalizing interpreter: ``PyThread_exit_thread`` unwinds through ~GraphTask (noexcept)
+    and the process aborts ('terminate called without an active exception', exit -6) after all its
+    output — seen in CI, reproduced here with a core: GraphTask -> ThreadLocalState -> SafePyObject ->
+    take_gil -> pthread_exit. It is torch's engine, the same on any device with autograd threads.
+
+    A backward through each device thread's queue (the queue is first-in first-out: when its node has
+    run, the thread has finished every earlier task, its GraphTask release included), run through the
+    C++ engine directly (no stashed context) with the GIL released while it waits; its own tensors are
+    kept alive, so its tail needs no GIL."""
+    if os.getpid() != pid or _ACTIVE is None or _ACTIVE.name != name:
+        return  # a forked child (torch's engine has no threads there) or another device
+    try:
+        import torch
+
+        engine = torch.autograd.Variable._execution_engine
+        for index in range(_ACTIVE.device_count):
+            x = torch.ones(1, device=f"{name}:{index}", requires_grad=True)
+            y = (x * 2).sum()
+            grad = torch.ones_like(y)
+            _DRAIN_KEEP.extend((x, y, grad))
+            engine.run_backward((y,), (grad,), False, False, (), allow_unreachable=True, accumulate_grad=True)
+    except Exception as exc:  # never turn a clean exit into a failing one: say it and go on
+        print(f"torch_adapter: the emulated {name}'s exit drain of autograd threads failed: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def fallback_counts(*, reset: bool = False) -> dict[str, tuple[int, int, int, int]]:
