@@ -189,3 +189,28 @@ except RuntimeError as e:
     out["wrong_dtype"] = "expected scalar type" in str(e) and "for values" in str(e)
 """)
     assert r == {"out": [True, "npu:0", True, True], "wrong_dtype": True}, r
+
+
+def test_fork_rng_with_the_programs_cuda_devices():
+    """test_tensor_creation_ops' test_randperm_cuda: torch.random.fork_rng(devices=["cuda:0"]) hands the
+    accelerator's module (torch.npu) the program's "cuda:0"; the device module refused a device that is
+    not an npu, where torch_npu's get_rng_state/set_rng_state take any device's index. The forked draws
+    must also leave the device's generator as it was."""
+    r = results("""
+    torch.manual_seed(0)
+    before = torch.npu.get_rng_state()
+    with torch.random.fork_rng(devices=["cuda:0"]):
+        a = torch.randperm(8, device="cuda")
+        torch.randn(3, device="cuda")
+    with torch.random.fork_rng(devices=[torch.device("cuda", 0)], device_type="cuda"):
+        b = torch.randperm(8, device="cuda")
+    out["same_draws"] = torch.equal(a.cpu(), b.cpu())
+    out["state_kept"] = torch.equal(before, torch.npu.get_rng_state())
+    out["device"] = str(a.device)
+    try:
+        torch.npu.synchronize("cuda:0")  # the device's other functions still name what they take
+    except ValueError as exc:
+        out["other"] = str(exc)
+    """)
+    assert r == {"same_draws": True, "state_kept": True, "device": "npu:0",
+                 "other": "torch.npu: expected a npu device, got cuda:0"}

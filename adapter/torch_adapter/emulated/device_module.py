@@ -33,7 +33,7 @@ def make(name: str, ext: Any) -> types.ModuleType:
     mod.__doc__ = (f"torch.{name} of torch_adapter's emulated {name} (a PrivateUse1 device whose memory is "
                    "host memory; see torch_adapter/emulated).")
 
-    def index(device: Any = None) -> int:
+    def index(device: Any = None, *, any_type: bool = False) -> int:
         if device is None:
             return int(ext.current_device())
         if isinstance(device, int):
@@ -41,7 +41,7 @@ def make(name: str, ext: Any) -> types.ModuleType:
         if isinstance(device, str):
             device = torch.device(device)
         if isinstance(device, torch.device):
-            if device.type != name:
+            if device.type != name and not any_type:
                 raise ValueError(f"torch.{name}: expected a {name} device, got {device}")
             return int(ext.current_device()) if device.index is None else device.index
         raise TypeError(f"torch.{name}: expected a device index, a string or a torch.device, got {device!r}")
@@ -187,7 +187,10 @@ def make(name: str, ext: Any) -> types.ModuleType:
 
     # -- RNG ---------------------------------------------------------------------------------
     def gen(device: Any = None) -> Any:
-        return ext.default_generator(index(device))
+        # torch_npu's get_rng_state/set_rng_state take the index of any device they are handed
+        # (torch.random.fork_rng(devices=["cuda:0"]) hands the accelerator's module the program's
+        # "cuda:0": PyTorch's test_randperm_cuda on the device)
+        return ext.default_generator(index(device, any_type=True))
 
     mod.default_generators = tuple(ext.default_generator(i) for i in range(int(ext.device_count())))
     _pub(lambda seed: gen().manual_seed(int(seed)) and None, "manual_seed")
