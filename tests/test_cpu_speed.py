@@ -142,3 +142,44 @@ def test_a_cpu_whose_bfloat16_is_slower_keeps_float32_with_the_reason(tmp_path, 
 
 # CI runs this file a second time as a CPU without bf16 units (TORCH_ADAPTER_CPU_FEATURES=avx2): .ci/run
 pytestmark = pytest.mark.cpu_kind
+
+
+def test_a_bfloat16_kernel_that_raises_is_never_faster():
+    """torch 2.13's CPU flash attention in bfloat16 raises 'pack_vnni2 is only supported when avx512 is
+    supported' on an AMX CPU whose kernels are capped at AVX2 (ATEN_CPU_CAPABILITY=avx2): the check
+    crashed the program (found on a Sapphire Rapids machine). A product whose bfloat16 kernel raises
+    is recorded with torch's error and counts as never faster."""
+    speed = cpu_speed.decide({"mm_512": 1.0, "conv3x3_64ch_32px": 1.0, cpu_speed.ATTENTION: 1.0},
+                             {"mm_512": 0.3, "conv3x3_64ch_32px": 0.3, cpu_speed.ATTENTION: None}, 1, "measured",
+                             {cpu_speed.ATTENTION: "pack_vnni2 is only supported when avx512 is supported"})
+    assert speed.faster and speed.attention_faster is False and speed.attention_ratio == float("inf")
+    assert "attention (4 heads, 256 tokens, 32 wide) in bfloat16 raised (pack_vnni2" in speed.text("attention")
+    both = cpu_speed.decide({"mm_512": 1.0}, {"mm_512": None}, 1, "cache", {"mm_512": "boom"})
+    assert not both.faster and "raised (boom)" in both.text()
+
+
+_CAPPED = """
+import json
+from torch_adapter.core import cpu_speed
+from torch_adapter.routing.internal import internal
+s = cpu_speed.bfloat16_speed()
+with internal():
+    name, why = cpu_speed.attention_compute()
+print(json.dumps({"errors": s.errors, "attention": name, "why": why}))
+"""
+
+
+def test_kernels_capped_at_avx2_on_this_cpu(tmp_path):
+    """This machine's own flags, kernels capped at AVX2: the check finishes; where a bfloat16 kernel
+    raised (AMX CPUs, torch's flash attention), float16 attention computes in float32 and says why."""
+    env = {**os.environ, disk_cache.ENV_DIR: str(tmp_path), disk_cache.ENV_SWITCH: "on", "ATEN_CPU_CAPABILITY": "avx2"}
+    env.pop(cpu_speed.ENV, None)
+    env.pop("TORCH_ADAPTER_CPU_FEATURES", None)
+    done = subprocess.run([sys.executable, "-c", _CAPPED], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    if cpu_speed.ATTENTION in r["errors"]:
+        assert r["attention"] == "float32" and "raised" in r["why"], r
+    (entry,) = tmp_path.glob("speed-*.json")
+    stored = json.loads(entry.read_text())
+    assert stored["data"]["bfloat16_errors"] == r["errors"]  # read back by later processes as measured

@@ -29,7 +29,7 @@ import os
 import platform
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Speed", "bfloat16_speed", "decide", "float16_compute", "attention_compute", "ENV", "MARGIN", "ATTENTION"]
@@ -64,6 +64,11 @@ class Speed:
     source: str  # "measured" (this process) or "cache"
     attention_ratio: float | None = None  # bfloat16 / float32 of the attention kernel (None: not timed)
     attention_faster: bool | None = None  # attention_ratio < MARGIN
+    # product -> torch's error, for a product whose bfloat16 kernel raised here (its time is inf: never
+    # faster). torch 2.13's CPU flash attention in bfloat16 raises "pack_vnni2 is only supported when
+    # avx512 is supported" on an AMX CPU with ATEN_CPU_CAPABILITY=avx2: the program's own bfloat16
+    # attention would raise the same, so float16 attention stays float32 there.
+    errors: dict[str, str] = field(default_factory=dict)
 
     def text(self, which: str = "products") -> str:
         """``'a 512² mm 0.41 vs 0.32 ms, a 3×3 conv 0.98 vs 0.62 ms (bfloat16 vs float32, 1 thread)'``;
@@ -71,23 +76,30 @@ class Speed:
         names = {"mm_512": "a 512² mm", "conv3x3_64ch_32px": "a 3×3 conv",
                  ATTENTION: "attention (4 heads, 256 tokens, 32 wide)"}
         keys = [k for k in self.float32_ms if (k == ATTENTION) == (which == "attention")]
-        parts = [f"{names.get(k, k)} {self.bfloat16_ms[k]:.2f} vs {self.float32_ms[k]:.2f} ms" for k in keys]
+        parts = [f"{names.get(k, k)} in bfloat16 raised ({self.errors[k]})" if k in self.errors else
+                 f"{names.get(k, k)} {self.bfloat16_ms[k]:.2f} vs {self.float32_ms[k]:.2f} ms" for k in keys]
         return ", ".join(parts) + f" (bfloat16 vs float32, {self.threads} thread{'s' if self.threads != 1 else ''})"
 
 
 def _ratio(float32_ms: dict[str, float], bfloat16_ms: dict[str, float], keys: list[str]) -> float | None:
-    ratios = [bfloat16_ms[k] / float32_ms[k] for k in keys if float32_ms[k] > 0 and bfloat16_ms.get(k, 0) > 0]
+    ratios = [bfloat16_ms[k] / float32_ms[k] for k in keys
+              if 0 < float32_ms[k] < math.inf and (bfloat16_ms.get(k) or 0) > 0]
     return math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else None
 
 
-def decide(float32_ms: dict[str, float], bfloat16_ms: dict[str, float], threads: int, source: str) -> Speed:
+def decide(float32_ms: dict[str, float], bfloat16_ms: dict[str, float], threads: int, source: str,
+           errors: dict[str, str] | None = None) -> Speed:
     """The verdicts from per-product best times (pure; :func:`bfloat16_speed` measures them): the
-    products' (geometric mean) and, where it was timed, the attention kernel's."""
+    products' (geometric mean) and, where it was timed, the attention kernel's. A product in ``errors``
+    raised in bfloat16: its bfloat16 time is infinite (never faster)."""
+    errors = dict(errors or {})
+    bfloat16_ms = {k: (math.inf if k in errors else v) for k, v in bfloat16_ms.items()}
     ratio = _ratio(float32_ms, bfloat16_ms, [k for k in float32_ms if k != ATTENTION])
     ratio = 1.0 if ratio is None else ratio
     attention = _ratio(float32_ms, bfloat16_ms, [ATTENTION]) if ATTENTION in float32_ms else None
     return Speed(dict(float32_ms), dict(bfloat16_ms), round(ratio, 4), ratio < MARGIN, threads, source,
-                 None if attention is None else round(attention, 4), None if attention is None else attention < MARGIN)
+                 None if attention is None else round(attention, 4), None if attention is None else attention < MARGIN,
+                 errors)
 
 
 def enabled() -> bool:
@@ -105,7 +117,7 @@ def _key() -> dict[str, Any]:
             "env": {k: os.environ.get(k, "") for k in KERNEL_ENV}}
 
 
-def _measure(reps: int = 5) -> tuple[dict[str, float], dict[str, float]]:
+def _measure(reps: int = 5) -> tuple[dict[str, float], dict[str, float], dict[str, str]]:
     """Best-of-``reps`` ms of each product in float32 and bfloat16, interleaved (a local generator:
     the program's random stream is untouched; no autograd, no autocast), on one thread
     (:data:`MEASURED_THREADS`; the program's thread count is put back after)."""
@@ -115,7 +127,7 @@ def _measure(reps: int = 5) -> tuple[dict[str, float], dict[str, float]]:
         return _timed(reps)
 
 
-def _timed(reps: int) -> tuple[dict[str, float], dict[str, float]]:
+def _timed(reps: int) -> tuple[dict[str, float], dict[str, float], dict[str, str]]:
     import torch
     import torch.nn.functional as F
 
@@ -126,15 +138,24 @@ def _timed(reps: int) -> tuple[dict[str, float], dict[str, float]]:
     products = {"mm_512": lambda a, x, w, q: a @ a, "conv3x3_64ch_32px": lambda a, x, w, q: F.conv2d(x, w, padding=1),
                 ATTENTION: lambda a, x, w, q: F.scaled_dot_product_attention(q[0], q[1], q[2])}
     best: dict[torch.dtype, dict[str, float]] = {d: {k: math.inf for k in products} for d in inputs}
+    errors: dict[str, str] = {}  # a product whose bfloat16 kernel raised: not timed again, never faster
     with torch.inference_mode(), torch.autocast("cpu", enabled=False):
         for _ in range(reps + 1):  # the first round warms the kernels up (oneDNN's primitive cache)
             for dtype, args in inputs.items():
                 for name, product in products.items():
+                    if dtype is torch.bfloat16 and name in errors:
+                        continue
                     t0 = time.perf_counter()
-                    product(*args)
+                    try:
+                        product(*args)
+                    except RuntimeError as exc:
+                        if dtype is not torch.bfloat16:
+                            raise
+                        errors[name] = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+                        continue
                     best[dtype][name] = min(best[dtype][name], (time.perf_counter() - t0) * 1e3)
     return ({k: round(v, 4) for k, v in best[torch.float32].items()},
-            {k: round(v, 4) for k, v in best[torch.bfloat16].items()})
+            {k: (None if k in errors else round(v, 4)) for k, v in best[torch.bfloat16].items()}, errors)
 
 
 def bfloat16_speed() -> Speed | None:
@@ -155,16 +176,17 @@ def bfloat16_speed() -> Speed | None:
         speed = None
         if isinstance(data, dict):
             try:
-                speed = decide(data["float32_ms"], data["bfloat16_ms"], int(data["threads"]), "cache")
+                speed = decide(data["float32_ms"], data["bfloat16_ms"], int(data["threads"]), "cache",
+                               data.get("bfloat16_errors") or {})
                 if speed.attention_ratio is None:
                     raise KeyError(ATTENTION)
             except (KeyError, TypeError, ValueError, ZeroDivisionError):
                 speed = None  # an entry of another shape: measured again, rewritten
         if speed is None:
-            fp32, bf16 = _measure()
-            speed = decide(fp32, bf16, key["threads"], "measured")
-            disk_cache.store("speed", key, {"float32_ms": fp32, "bfloat16_ms": bf16, "threads": key["threads"]},
-                             plain=True)
+            fp32, bf16, errors = _measure()
+            speed = decide(fp32, bf16, key["threads"], "measured", errors)
+            disk_cache.store("speed", key, {"float32_ms": fp32, "bfloat16_ms": bf16, "bfloat16_errors": errors,
+                                            "threads": key["threads"]}, plain=True)
         _KNOWN[text] = speed
         return speed
 
@@ -206,5 +228,8 @@ def attention_compute() -> tuple[str, str]:
     if speed.attention_faster:
         return "bfloat16", (f"this CPU has bf16 units ({units}); measured: bfloat16 attention takes "
                             f"{speed.attention_ratio:.0%} of float32's time ({speed.text('attention')})")
+    if ATTENTION in speed.errors:
+        return "float32", (f"this CPU has bf16 units ({units}), but torch's bfloat16 attention kernel raised here "
+                           f"({speed.errors[ATTENTION]}; one-off check, {ENV}=off skips it)")
     return "float32", (f"this CPU has bf16 units ({units}), but its bfloat16 attention kernel measured no faster "
                        f"than float32 here ({speed.text('attention')}; one-off check, {ENV}=off skips it)")
