@@ -276,24 +276,31 @@ def _autograd_probe(name: str) -> bool:
     thread-local; the device computes synchronously on the host anyway). Returns whether it had to."""
     import torch
 
-    x = torch.ones(1, device=name, requires_grad=True)
-
-    def backward() -> None:
-        # through the C++ engine directly: torch.autograd.backward's Python graph-task object could be
-        # released last by the device's autograd thread at interpreter exit, without the GIL (an abort)
-        y = (x * 2).sum()
-        torch.autograd.Variable._execution_engine.run_backward(
-            (y,), (torch.ones_like(y),), False, False, (), allow_unreachable=True, accumulate_grad=True)
-
     try:
-        backward()
+        _device_backward(name)
         return False
     except RuntimeError as exc:
         if "device_ready_queues_" not in str(exc):
             raise
     torch._C._set_multithreading_enabled(False)
-    backward()
+    _device_backward(name)
     return True
+
+
+def _device_backward(device: str, keep: list[Any] | None = None) -> None:
+    """A one-element backward on ``device`` through the C++ engine directly: torch.autograd.backward
+    stashes a Python context in the state its GraphTask keeps, which the device's autograd thread may
+    free last (see :func:`_drain_autograd_threads`). ``keep`` receives its tensors, kept alive so that
+    thread never frees the last reference of a tensor with a Python object."""
+    import torch
+
+    x = torch.ones(1, device=device, requires_grad=True)
+    y = (x * 2).sum()
+    grad = torch.ones_like(y)
+    if keep is not None:
+        keep.extend((x, y, grad))
+    torch.autograd.Variable._execution_engine.run_backward(
+        (y,), (grad,), False, False, (), allow_unreachable=True, accumulate_grad=True)
 
 
 # Tensors of the exit drain's backward: kept for the process's life, so the device's autograd thread never
@@ -319,15 +326,8 @@ def _drain_autograd_threads(name: str, pid: int) -> None:
     if os.getpid() != pid or _ACTIVE is None or _ACTIVE.name != name:
         return  # a forked child (torch's engine has no threads there) or another device
     try:
-        import torch
-
-        engine = torch.autograd.Variable._execution_engine
         for index in range(_ACTIVE.device_count):
-            x = torch.ones(1, device=f"{name}:{index}", requires_grad=True)
-            y = (x * 2).sum()
-            grad = torch.ones_like(y)
-            _DRAIN_KEEP.extend((x, y, grad))
-            engine.run_backward((y,), (grad,), False, False, (), allow_unreachable=True, accumulate_grad=True)
+            _device_backward(f"{name}:{index}", _DRAIN_KEEP)
     except Exception as exc:  # never turn a clean exit into a failing one: say it and go on
         print(f"torch_adapter: the emulated {name}'s exit drain of autograd threads failed: "
               f"{type(exc).__name__}: {exc}", file=sys.stderr)
