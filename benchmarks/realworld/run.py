@@ -418,8 +418,10 @@ _COMPARE = {
                         note="train losses, epoch and test loss", artifacts=("results/*.png",)),
     "mnist_rnn": dict(metric=_LOSS_TEST, note="train losses, test loss"),
     "siamese_network": dict(metric=_LOSS_TEST, note="train losses, test loss"),
-    "FSDP2": dict(note="prints no loss: the full model and optimizer state it saves is compared",
-                  artifacts=("checkpoints/*/*/*.pt",)),
+    "FSDP2": dict(note="prints no loss; what it saves is not comparable: after to_empty() the example's "
+                       "Transformer.reset_parameters() initialises the embeddings, final norm and output only, so the "
+                       "layers train from uninitialised memory (NaN on both targets)",
+                  artifacts=("checkpoints/*/*/*.pt",), deterministic=False),
     "tensor_parallel_example": dict(note="prints no loss"),
     "sequence_parallel_example": dict(note="prints no loss"),
     "fsdp_tp_example": dict(note="prints no loss"),

@@ -264,6 +264,10 @@ def start(name: str, native: Iterable[str], *, device_count: int = 1) -> Emulato
         vendor_package.register(name, module)  # `import torch_npu` works, as libraries ask for it (accelerate)
         _ACTIVE = Emulator(name, ext, module, tuple(plan.ops), plan.skipped)
         _ACTIVE.autograd_on_calling_thread = _autograd_probe(name)
+        module._forget_init()  # the probe is the emulator's, not the program's first device use
+        from . import sharing
+
+        sharing.register(name)  # device tensors to other processes through shared memory (torch_npu's IPC)
         atexit.register(_drain_autograd_threads, name, os.getpid())
         return _ACTIVE
 

@@ -16,6 +16,8 @@
 #include <torch/extension.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/MapAllocator.h>
+#include <ATen/StorageUtils.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/op_registration/adaption.h>
@@ -27,6 +29,7 @@
 #include <ATen/ops/set_cpu_dispatch.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/library.h>
 
 #include <array>
@@ -35,6 +38,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <unistd.h>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -1136,6 +1140,59 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 }  // namespace
 }  // namespace at::autocast
 
+namespace emu {
+
+// Sharing device memory between processes (torch.multiprocessing), as torch_npu's IPC does: the
+// storage moves once into POSIX shared memory (the CPU's mechanism: ATen's shm-fd storage) and
+// stays a device storage, accounted to its device; another process maps the same memory from the
+// file descriptor into a device storage of its own. Both then read and write the same bytes.
+at::MapAllocator* shared_context(const c10::DataPtr& dptr) {
+  if (auto* a = dptr.cast_context<Adopted>(&free_adopted)) {
+    return at::MapAllocator::fromDataPtr(a->inner);
+  }
+  return nullptr;
+}
+
+c10::DataPtr adopt(c10::DataPtr inner, size_t nbytes, DeviceIndex device) {
+  void* ptr = inner.get();
+  account(device, static_cast<int64_t>(nbytes));
+  auto* a = new Adopted{std::move(inner), nbytes, device};
+  return {ptr, a, &free_adopted, Device(kDev, device)};
+}
+
+py::tuple share_fd(const at::Tensor& t) {
+  TORCH_CHECK(t.device().type() == kDev, "share_fd: expected a tensor of the emulated device, got ", t.device());
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  at::MapAllocator* ctx = shared_context(storage->data_ptr());
+  if (ctx == nullptr) {
+    const size_t n = storage->nbytes();
+    auto shm = at::new_shm_fd_storage(n);
+    if (n) std::memcpy(shm->mutable_data(), storage->data(), n);
+    const DeviceIndex device = storage->device().index();
+    storage->set_data_ptr_noswap(adopt(shm->set_data_ptr(c10::DataPtr()), n, device));
+    ctx = shared_context(storage->data_ptr());
+    TORCH_INTERNAL_ASSERT(ctx != nullptr);
+  }
+  return py::make_tuple(ctx->fd(), static_cast<int64_t>(ctx->size()));
+}
+
+at::Tensor from_shared_fd(int64_t fd, int64_t nbytes, int64_t device) {
+  TORCH_CHECK(device >= 0 && device < g_device_count.load(), "from_shared_fd: no emulated device ", device);
+  const int flags = at::ALLOCATOR_MAPPED_SHAREDMEM | at::ALLOCATOR_MAPPED_NOCREATE | at::ALLOCATOR_MAPPED_KEEPFD |
+                    at::ALLOCATOR_MAPPED_FROMFD;
+  const int own_fd = ::dup(static_cast<int>(fd));
+  TORCH_CHECK(own_fd >= 0, "from_shared_fd: could not duplicate file descriptor ", fd);
+  auto mapped = at::MapAllocator::makeDataPtr(at::WITH_FD, "", own_fd, flags, static_cast<size_t>(nbytes), nullptr);
+  auto storage = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes,
+      adopt(std::move(mapped), static_cast<size_t>(nbytes), static_cast<DeviceIndex>(device)), nullptr, false);
+  auto out = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(Device(kDev, static_cast<DeviceIndex>(device))));
+  out.set_(c10::Storage(std::move(storage)), 0, {nbytes}, {1});
+  return out;
+}
+
+}  // namespace emu
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_adapter's emulated PrivateUse1 device";
   m.def("register_hooks", &emu::register_hooks);
@@ -1158,6 +1215,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("native_counts", [](bool reset) { return emu::take_counts(emu::g_native_counts, reset); },
         py::arg("reset") = false);
   m.def("count_native", [](bool on) { emu::g_count_native.store(on); });
+  m.def("share_fd", &emu::share_fd);
+  m.def("from_shared_fd", &emu::from_shared_fd, py::arg("fd"), py::arg("nbytes"), py::arg("device"));
+  m.def("is_shared", [](const at::Tensor& t) { return emu::shared_context(t.storage().data_ptr()) != nullptr; });
+  // torch.npu._lazy_init runs again at the next device tensor (the start-up probe's does not count)
+  m.def("rearm_lazy_init", [] { torch::utils::set_requires_device_init(emu::kDev, true); });
   m.def("copy_bytes", [] {
     return py::make_tuple(emu::g_copy_bytes_h2d, emu::g_copy_bytes_d2h, emu::g_copy_bytes_d2d);
   });

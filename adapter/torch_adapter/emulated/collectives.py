@@ -79,10 +79,46 @@ def register(name: str) -> None:
 
 def _creator(device_type: str) -> Any:
     def create_hccl(store: Any, rank: int, size: int, timeout: Any) -> Any:
+        _host_rng_for_dtensor(device_type)
         return _group_class()(store, rank, size, timeout, device_type)
 
     create_hccl.__qualname__ = f"create_hccl[{device_type}]"
     return create_hccl
+
+
+def _host_rng_for_dtensor(device_type: str) -> None:
+    """DTensor's random ops on the device draw from its local generator, as on the CPU.
+
+    DTensor's default RNG tracker (``OffsetBasedRNGTracker``, made at the first random op on a mesh
+    whose device module has ``set_rng_state``) reads the device's state as a Philox state -- 16 bytes,
+    seed then offset -- and moves the offset per shard. That is the state of CUDA's and the real
+    NPU's generators; the emulated device's generator is the CPU's Mersenne Twister (its kernels are
+    the CPU's, and its losses compare with the CPU target's run for run), whose 5 kB state has no
+    offset to move: the tracker fails (``AssertionError`` in ``_PhiloxState.offset``, found by
+    pytorch/examples' FSDP2 ``reset_parameters`` after ``to_empty``). So, once a group of the device
+    is made, DTensor gets a tracker that runs each random op on the local shard with the local
+    generator -- what DTensor does on a CPU mesh -- unless the program (or a library) made one first."""
+    try:
+        from torch.distributed.tensor import _random as random
+    except ImportError:  # a torch without DTensor
+        return
+    if random._rng_tracker is not None:
+        return
+    import contextlib
+
+    import torch
+
+    class HostRNGTracker(random._RNGStateTracker):
+        """The device's local generator for DTensor's random ops (no offsets: a Mersenne Twister)."""
+
+        @contextlib.contextmanager
+        def _distribute_region(self, spec: Any, generator: Any = None) -> Any:
+            yield
+
+        def _manual_seed(self, parallel_seed: int) -> None:
+            torch.manual_seed(parallel_seed)
+
+    random._rng_tracker = HostRNGTracker(torch.device(device_type))
 
 
 def _group_class() -> Any:

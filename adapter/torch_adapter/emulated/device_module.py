@@ -51,22 +51,45 @@ def make(name: str, ext: Any) -> types.ModuleType:
         return fn
 
     # -- devices ---------------------------------------------------------------------------
+    # Lazy initialisation, as torch.cuda's and torch_npu's: the runtime counts as initialised from the
+    # first device tensor (torch's arg parser calls ``_lazy_init``), ``init()`` or a call that needs a
+    # device (current_device, set_device, synchronize, RNG state, properties) -- not from
+    # ``is_available``/``device_count``. Libraries branch on it: DeviceMesh sets the current device
+    # to LOCAL_RANK only while ``is_initialized()`` is False (pytorch/examples' FSDP2 on rank 1).
+    initialized = [False]
+
+    @_pub
+    def _lazy_init() -> None:
+        initialized[0] = True
+
+    def _forget_init() -> None:
+        """The start-up probe's tensors do not count: not initialised, and the next device tensor
+        calls ``_lazy_init`` again."""
+        initialized[0] = False
+        ext.rearm_lazy_init()
+
+    mod._forget_init = _forget_init
     _pub(lambda: True, "is_available")
-    _pub(lambda: True, "is_initialized")
-    _pub(lambda: None, "init")
-    _pub(lambda: None, "_lazy_init")
+    _pub(lambda: initialized[0], "is_initialized")
+    _pub(_lazy_init, "init")
     _pub(lambda: False, "_is_in_bad_fork")
     _pub(lambda: int(ext.device_count()), "device_count")
-    _pub(lambda: int(ext.current_device()), "current_device")
+
+    @_pub
+    def current_device() -> int:
+        _lazy_init()
+        return int(ext.current_device())
 
     @_pub
     def set_device(device: Any) -> None:
         i = index(device)
         if i >= 0:
+            _lazy_init()
             ext.set_device(i)
 
     @_pub
     def synchronize(device: Any = None) -> None:
+        _lazy_init()
         index(device)  # the device computes when an op is called: nothing is pending
 
     class device:  # noqa: N801 - torch's spelling
@@ -99,6 +122,7 @@ def make(name: str, ext: Any) -> types.ModuleType:
 
     @_pub
     def get_device_properties(device: Any = None) -> Any:
+        _lazy_init()
         i = index(device)
         return types.SimpleNamespace(name=get_device_name(i), total_memory=_host_total(),
                                      multi_processor_count=os.cpu_count() or 1, type=name, index=i)
@@ -190,10 +214,12 @@ def make(name: str, ext: Any) -> types.ModuleType:
         # torch_npu's get_rng_state/set_rng_state take the index of any device they are handed
         # (torch.random.fork_rng(devices=["cuda:0"]) hands the accelerator's module the program's
         # "cuda:0": PyTorch's test_randperm_cuda on the device)
+        _lazy_init()
         return ext.default_generator(index(device, any_type=True))
 
     mod.default_generators = tuple(ext.default_generator(i) for i in range(int(ext.device_count())))
-    _pub(lambda seed: gen().manual_seed(int(seed)) and None, "manual_seed")
+    # seeding does not initialise (torch.cuda queues it until then)
+    _pub(lambda seed: ext.default_generator(index()).manual_seed(int(seed)) and None, "manual_seed")
     _pub(lambda seed: [ext.default_generator(i).manual_seed(int(seed)) for i in range(ext.device_count())]
          and None, "manual_seed_all")
     _pub(lambda: gen().seed() and None, "seed")

@@ -13,8 +13,15 @@ current accelerator is ``cuda``, its count, index, streams and memory figures ar
 ``torch.accelerator`` to choose host or device code (the optimizer's fused defaults,
 ``parallel_apply``, c10d's ``device_id`` check, ``torch.load``'s device restore): a call
 whose caller is a ``torch`` module gets torch's own function, so those paths see the real
-tensors' machine, exactly as without the adapter. On an accelerator target (npu, xpu,
-mps, cuda) ``torch.accelerator`` already names it, and nothing is patched.
+tensors' machine, exactly as without the adapter.
+
+On an accelerator target (npu, xpu, mps) ``torch.accelerator`` already counts, selects and
+synchronises the target's devices, and keeps doing so; only ``current_accelerator()`` answers
+the program ``cuda``, as on the CPU target: a CUDA-written program that asks it branches on
+``.type == "cuda"`` (pytorch/examples' imagenet ``main_worker`` moves its model to the device
+and wraps it in DDP only then; on the emulated npu it left the model on the host and failed with
+"weight is on cpu"), and every device it then names ``cuda`` is mapped to the target. On the
+``cuda`` target nothing is patched.
 
 **Who the caller is.** The nearest frame that is not a pass-through decides: frames of the
 modules in :data:`PASS_THROUGH` only carry a call on behalf of whoever made it — torch's
@@ -95,7 +102,8 @@ def accelerator_markdown() -> str:
              "`torch.compiler.disable(fn)`) and `functools`/`contextlib`/`threading` carry the call of whoever",
              "made it; no frame at all (an `atexit` callback) is the program. In code `torch.compile` traces",
              "the answer is the compiled program's, a constant in the graph (no graph break). On accelerator",
-             "targets nothing is patched.\n",
+             "targets (npu, xpu, mps) only `current_accelerator` is answered (`cuda`, the program's name; the",
+             "devices are torch's own); on the cuda target nothing is patched.\n",
              "| name | answered as |", "|---|---|"]
     for name, cuda_name in ANSWERS.items():
         how = {"current_accelerator": "`torch.device(\"cuda\")`",
@@ -174,11 +182,14 @@ def apply(session: Any) -> None:
     """Answer ``torch.accelerator`` for the CPU target (no-op on accelerator targets)."""
     mapper = session.device_mapper
     acc = sys.modules.get("torch.accelerator")
-    if not mapper.on_cpu or acc is None:
+    if acc is None or session.target.device_type == "cuda":
         return
     p, log = session.patcher, mapper.log
     owners = [acc, *(m for m in (sys.modules.get("torch.accelerator.memory"),) if m is not None)]
-    for name, cuda_name in ANSWERS.items():
+    # On an accelerator target torch.accelerator already names the device and answers for it; only
+    # its name is the program's CUDA one (below). Everything else is torch's own there.
+    names = ANSWERS if mapper.on_cpu else {"current_accelerator": None}
+    for name, cuda_name in names.items():
         original = getattr(acc, name, None)
         if original is None:
             continue  # an older torch without this name

@@ -6,6 +6,11 @@ the target, crashing inside CUDA's caching allocator. On a non-CUDA target they 
 ``"default"`` and ``"max-autotune-no-cudagraphs"`` (the same optimisations without the
 capture); each rewrite is logged. ``options={"triton.cudagraphs": True}`` is dropped too.
 
+**A target inductor has no code generator for** (a device whose vendor package registers none, as
+the emulated npu): the default backend becomes ``aot_eager`` (graph capture and AOT autograd, the
+captured ops run as the device's kernels), logged; a backend the program named is kept
+(:func:`_backend_for_target`).
+
 **Dynamo's tables of torch's objects.** torch._dynamo recognises torch's functions and types by
 identity, in tables it builds from torch's attributes of the moment: some as it is imported
 (its constant-fold and Tensor-attribute tables, its rule map of torch functions), the rest at
@@ -87,6 +92,35 @@ def _no_global_cudagraphs(kwargs: dict[str, Any], session: Any, log: Any) -> Non
                f"cudagraphs off for this torch.compile (no CUDA graphs on {session.target.device_type})", depth=4)
 
 
+def inductor_generates_for(device_type: str) -> bool:
+    """Whether inductor has a code generator for ``device_type``: torch's built-in ones (cpu, cuda,
+    xpu, mps, mtia) and any an out-of-tree device registered -- directly, or by its device module's
+    ``Scheduling``/``PythonWrapperCodegen``/``CppWrapperCodegen``, which torch's own
+    ``init_backend_registration`` reads (torch_npu registers its NPU code generators so)."""
+    from torch._inductor.codegen.common import get_scheduling_for_device, init_backend_registration
+
+    init_backend_registration()
+    return get_scheduling_for_device(device_type) is not None
+
+
+def _backend_for_target(kwargs: dict[str, Any], session: Any, log: Any) -> None:
+    """``torch.compile``'s default backend (inductor) on a target inductor generates no code for:
+    ``aot_eager`` -- the same graph capture and AOT autograd, the captured aten ops run as the target's
+    kernels -- instead of failing at the first compiled graph (``KeyError: 'npu'`` in
+    ``get_device_op_overrides``; llm.c and gpt-fast ``--compile`` on the emulated npu). Its mode and
+    inductor options are inductor's, so they go with it. A backend the program named is kept."""
+    device_type = session.target.device_type
+    if kwargs.get("backend", "inductor") != "inductor" or device_type == "cpu" or session.target.simulated:
+        return
+    if inductor_generates_for(device_type):
+        return
+    dropped = {k: kwargs.pop(k) for k in ("mode", "options") if kwargs.get(k) is not None}
+    kwargs["backend"] = "aot_eager"
+    extra = f", without its inductor {', '.join(f'{k}={v!r}' for k, v in dropped.items())}" if dropped else ""
+    log.record("compile", "torch.compile(backend='inductor')",
+               f"backend='aot_eager'{extra} (inductor generates no code for {device_type} here)", depth=4)
+
+
 def apply(session: Any) -> None:
     if session.target.device_type == "cuda":
         return
@@ -110,6 +144,7 @@ def apply(session: Any) -> None:
             log.record("compile", "torch.compile(options={'triton.cudagraphs': True})", "cudagraphs off", depth=3)
             kwargs["options"] = {k: v for k, v in options.items() if k != "triton.cudagraphs"}
         _no_global_cudagraphs(kwargs, session, log)
+        _backend_for_target(kwargs, session, log)
         return orig(model, *args, **kwargs)
 
     p.set(torch, "compile", compile)

@@ -232,9 +232,11 @@ class StandIn:
         m, d = self.mapper, self._delegate
         cpu = m.on_cpu
         ns["is_available"] = lambda: True
-        ns["is_initialized"] = lambda: True
-        ns["init"] = lambda: None
-        ns["_lazy_init"] = lambda: None
+        # the target's runtime state where it has one (DeviceMesh sets the device to LOCAL_RANK only
+        # while torch.cuda.is_initialized() is False); the CPU has no runtime to initialise
+        ns["is_initialized"] = d("is_initialized", lambda: True)
+        ns["init"] = d("init", lambda: None)
+        ns["_lazy_init"] = d("_lazy_init", lambda: None)
         session = self.session
 
         def device_count() -> int:
