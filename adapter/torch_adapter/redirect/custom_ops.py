@@ -24,6 +24,13 @@ An op whose only kernels are for device types the target cannot serve (an ``"mps
 (libraries register kernels for several devices at import, in any order); calling it on the
 target raises NotImplementedError, as torch does, with a message naming the op, the kernels
 it has, the target and the fix.
+
+**opcheck on an out-of-tree device.** ``torch.library.opcheck`` (what custom-op test suites run on
+their ``"cuda"`` inputs: pytorch/extension-cpp) checks autograd registration per device, and
+torch's check knows the keys of CPU, CUDA and XPU only ("NYI devices other than CPU/CUDA/XPU" --
+torch_npu's users meet it too). While installed on a PrivateUse1 target (the NPU), inputs on that
+device are checked at its own key, ``AutogradPrivateUse1``, by the same rules
+(:func:`_autograd_registration_check`); every other input goes to torch's check.
 """
 
 from __future__ import annotations
@@ -161,3 +168,49 @@ def apply(session: Any) -> None:
     session.patcher.set(torch.library.Library, "impl", _patched_impl(kernels, original))
     session.patcher.before_restore(lambda values: kernels.close())
     session.custom_op_kernels = kernels
+    if session.target.device_type == torch._C._get_privateuse1_backend_name():
+        from ..core.after_import import after_import
+
+        after_import(session.patcher, "torch.testing._internal.optests.autograd_registration",
+                     lambda module: _patch_autograd_registration(session, module))
+
+
+def _patch_autograd_registration(session: Any, module: Any) -> None:
+    from ..core.patching import bindings, mark_stand_in
+
+    original = module.autograd_registration_check
+    device_type = session.target.device_type
+
+    @functools.wraps(original)
+    def autograd_registration_check(op: Any, args: Any, kwargs: Any) -> None:
+        return _autograd_registration_check(op, args, kwargs, device_type, original)
+
+    stand_in = mark_stand_in(autograd_registration_check, original)
+    for owner, attr, _ in bindings(original, within="torch.testing._internal.optests"):
+        session.patcher.set(owner, attr, stand_in)
+
+
+def _autograd_registration_check(op: Any, args: Any, kwargs: Any, device_type: str, original: Any) -> None:
+    """torch's ``autograd_registration_check`` for inputs on the PrivateUse1 device (and the host): the op
+    passes with a kernel at ``AutogradPrivateUse1``, ``Autograd`` or ``CompositeImplicitAutograd``, or
+    when, with the autograd fallback doing nothing, no output that is not an input requires grad."""
+    import torch.utils._pytree as pytree
+    from torch.testing._internal.optests.autograd_registration import set_autograd_fallback_mode
+
+    flat_args = pytree.arg_tree_leaves(*args, **kwargs)
+    tensors = [a for a in flat_args if isinstance(a, torch.Tensor)]
+    types = {t.device.type for t in tensors}
+    if device_type not in types or not types <= {device_type, "cpu"} or not any(t.requires_grad for t in tensors):
+        return original(op, args, kwargs)  # torch's own answer (and its errors)
+    for key in ("AutogradPrivateUse1", "Autograd", "CompositeImplicitAutograd"):
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key):
+            return None
+    with set_autograd_fallback_mode("nothing"):
+        outs = op(*args, **kwargs)
+    inputs = {id(a) for a in flat_args}
+    if not pytree.tree_any_only(torch.Tensor, lambda t: t.requires_grad and id(t) not in inputs, outs):
+        return None
+    raise AssertionError(
+        f"{op.name()}: at least one output of this operator has requires_grad=True but the operator does not "
+        f"have an autograd kernel defined at an autograd key (e.g. DispatchKey::Autograd); register the "
+        f"autograd.Function at the Autograd key, not at a backend key ({device_type}).")
