@@ -11,6 +11,7 @@ ranks of it) in fresh interpreters: the device is process-wide and nothing here 
   on CPU``);
 - imagenet ``main_worker``: ``current_accelerator().type == 'cuda'`` was False on the npu target, so the model
   stayed on the host;
+- imagenet's default ``DataParallel(model).cuda()``: ``torch._C has no attribute '_scatter'`` (a CPU build);
 - llm.c / gpt-fast ``--compile``: inductor has no code generator for the device (``KeyError: 'npu'``).
 """
 
@@ -36,10 +37,13 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _results(p: subprocess.CompletedProcess) -> list[dict]:
+def _results(p: subprocess.CompletedProcess, cwd) -> list[dict]:
+    """The RESULT lines a single process printed, or the ``result-<rank>.json`` files torchrun's ranks wrote."""
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, f"rc={p.returncode}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-6000:]}"
-    return [json.loads(ln[len("RESULT "):]) for ln in lines]
+    files = sorted(cwd.glob("result-*.json"))
+    assert p.returncode == 0 and (lines or files), \
+        f"rc={p.returncode}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-6000:]}"
+    return [json.loads(f.read_text()) for f in files] + [json.loads(ln[len("RESULT "):]) for ln in lines]
 
 
 def run(tmp_path, code: str, *flags: str, ranks: int = 0, timeout: int = 300) -> list[dict]:
@@ -49,7 +53,7 @@ def run(tmp_path, code: str, *flags: str, ranks: int = 0, timeout: int = 300) ->
                 if ranks else [sys.executable])
     p = subprocess.run([*launcher, "-m", "torch_adapter", "run", *flags, str(script)], capture_output=True,
                        text=True, env=_env(), timeout=timeout, cwd=str(tmp_path))
-    return _results(p)
+    return _results(p, tmp_path)
 
 
 NPU = ("--target", "npu", "--emulate")
@@ -128,11 +132,13 @@ def test_fsdp2_meta_init_on_two_ranks(tmp_path):
         mesh = init_device_mesh("cuda", (2,))
         r = randn(4, 4, device_mesh=mesh)
         w = model[0].weight
-        print("RESULT " + json.dumps({
+        result = {
             "rank": rank, "backend": dist.get_backend(), "current": torch.npu.current_device(),
             "local": str(w.to_local().device), "dtensor": isinstance(w, DTensor),
             "finite": all(bool(p.full_tensor().isfinite().all()) for p in model.parameters()),
-            "grads": all(p.grad is not None for p in model.parameters()), "randn": list(r.shape)}))
+            "grads": all(p.grad is not None for p in model.parameters()), "randn": list(r.shape)}
+        with open(f"result-{rank}.json", "w") as f:  # one file a rank: torchrun interleaves the ranks' stdout
+            json.dump(result, f)
         dist.destroy_process_group()
     """, *NPU, ranks=2)
     by_rank = {r["rank"]: r for r in results}
@@ -157,6 +163,33 @@ def test_current_accelerator_is_the_programs_cuda(tmp_path):
                                       "torch": str(torch._C._accelerator_getAccelerator())}))
     """, *NPU)
     assert r == {"program": "cuda", "count": 1, "param": "npu:0", "torch": "npu"}
+
+
+def test_data_parallel_runs_the_module_on_the_device(tmp_path):
+    """imagenet's default path, ``torch.nn.DataParallel(model).cuda()``: DataParallel splits a batch with
+    torch._C._scatter, which only CUDA builds of torch have (torch_npu's and the emulated npu's torch is a CPU
+    build: "torch._C has no attribute '_scatter'"). It runs the module on the device as it is, forward and
+    backward, with the gradients of the plain module; ``data_parallel(...)`` too."""
+    (r,) = run(tmp_path, """
+        import json, torch
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        ref = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        ref.load_state_dict(m.state_dict())
+        dp = torch.nn.DataParallel(m).cuda()
+        x = torch.randn(8, 6).cuda(non_blocking=True)
+        y = dp(x)
+        y.sum().backward()
+        xr = x.cpu()
+        ref(xr).sum().backward()
+        f = torch.nn.parallel.data_parallel(m, x)
+        print("RESULT " + json.dumps({"out": str(y.device), "param": str(m[0].weight.device),
+                                      "same": bool(torch.allclose(y.cpu(), ref(xr))),
+                                      "grad": bool(torch.allclose(m[0].weight.grad.cpu(), ref[0].weight.grad)),
+                                      "functional": str(f.device), "has_scatter": hasattr(torch._C, "_scatter")}))
+    """, *NPU)
+    assert r == {"out": "npu:0", "param": "npu:0", "same": True, "grad": True, "functional": "npu:0",
+                 "has_scatter": False}
 
 
 def test_compile_without_an_inductor_backend_for_the_target(tmp_path):

@@ -37,10 +37,13 @@ def run_on_npu(tmp_path, code: str, *flags: str, timeout: int = 300) -> dict:
 
 
 def test_accelerate_puts_the_program_on_the_npu_with_its_scaler(tmp_path):
-    """accelerate finds an NPU by importing torch_npu: without the emulated device's torch_npu it put the
-    program on the CPU (diffusers' fp16 training: no autocast, 'mat1 and mat2 must have the same dtype'),
-    and once on the npu it builds its scaler from torch.npu.amp.GradScaler. transformers, whose NPU path
-    imports torch_npu's own kernels, keeps its portable path."""
+    """accelerate (1.16) picks its backend from ``torch.accelerator.current_accelerator()`` and, before that,
+    looks for torch_npu: without the emulated device's torch_npu it put the program on the CPU (diffusers'
+    fp16 training: no autocast, 'mat1 and mat2 must have the same dtype'). The accelerator answers a program
+    ``cuda`` (a library outside torch is the program's: docs/redirect.md), so accelerate takes its CUDA path —
+    the one the program was written against — with autocast and its GradScaler, and every tensor it makes
+    on ``acc.device`` is on the npu. transformers, whose NPU path imports torch_npu's own kernels, keeps its
+    portable path."""
     pytest.importorskip("accelerate")
     pytest.importorskip("transformers")
     r = run_on_npu(tmp_path, """
@@ -70,7 +73,7 @@ def test_accelerate_puts_the_program_on_the_npu_with_its_scaler(tmp_path):
               "npu_module": torch_npu.npu is torch.npu, "transformers_npu": is_torch_npu_available(),
               "kernel": kernel}))
     """)
-    assert r["device"] == "npu" and r["native_amp"] is True and r["param"] == "npu"
+    assert r["device"] == "cuda" and r["native_amp"] is True and r["param"] == "npu"
     assert r["autocast_dtype"] == "torch.float16" and r["scaler"] == "GradScaler" and r["stepped"]
     assert r["npu_module"] is True and r["transformers_npu"] is False
     assert "emulated npu" in r["kernel"] and "npu_fusion_attention" in r["kernel"]

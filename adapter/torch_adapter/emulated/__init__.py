@@ -267,7 +267,7 @@ def start(name: str, native: Iterable[str], *, device_count: int = 1) -> Emulato
         module._forget_init()  # the probe is the emulator's, not the program's first device use
         from . import sharing
 
-        sharing.register(name)  # device tensors to other processes through shared memory (torch_npu's IPC)
+        sharing.register(name, ext)  # device tensors to other processes through shared memory (torch_npu's IPC)
         atexit.register(_drain_autograd_threads, name, os.getpid())
         return _ACTIVE
 

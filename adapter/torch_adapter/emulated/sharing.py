@@ -25,17 +25,15 @@ __all__ = ["register", "rebuild_device_tensor"]
 
 _LOCK = threading.Lock()
 _REGISTERED: set[str] = set()
+_EXT: list[Any] = []  # the started device's C++ extension (set by register; the package imports this module)
 
 
 def _ext() -> Any:
-    from . import active
-
-    emulator = active()
-    if emulator is None:
+    if not _EXT:
         raise RuntimeError("torch_adapter: a tensor of the emulated device was sent to a process where the emulated "
                            "device is not started; start it there first (run the child under "
                            "`torch-adapter run --target npu --emulate`, or install(target='npu', emulate=True))")
-    return emulator.ext
+    return _EXT[0]
 
 
 def rebuild_device_tensor(cls: type, df: Any, nbytes: int, device: int, dtype: Any, offset: int, size: Any,
@@ -83,9 +81,11 @@ def _reducer(name: str, torch_reduce: Any) -> Any:
     return reduce_tensor
 
 
-def register(name: str) -> None:
-    """Device tensors of the emulated ``name`` travel through shared memory (once per process)."""
+def register(name: str, ext: Any) -> None:
+    """Device tensors of the emulated ``name`` travel through shared memory (once per process); ``ext`` is the
+    device's C++ extension, which moves a storage into shared memory and maps it back."""
     with _LOCK:
+        _EXT[:] = [ext]
         if name in _REGISTERED:
             return
         import torch.multiprocessing  # noqa: F401 - registers torch's reducers first

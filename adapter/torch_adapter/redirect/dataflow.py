@@ -5,7 +5,9 @@
 asks ``torch._utils._get_available_device_type()`` through the module
 ``torch.nn.parallel.data_parallel`` (addressed by its import path: the attribute of that name
 on ``torch.nn.parallel`` is the *function* ``data_parallel``); it answers for the target, so
-on the CPU ``DataParallel(model).cuda()`` runs the module as it is, forward and backward.
+on the CPU ``DataParallel(model).cuda()`` runs the module as it is, forward and backward -- and on
+an accelerator target whose torch has no scatter/gather for it (``torch._C._scatter`` is CUDA's,
+absent from the CPU builds torch_npu and the emulated npu run on), on the device as it is.
 """
 
 from __future__ import annotations
@@ -40,7 +42,13 @@ def apply(p: Any, mapper: Any) -> None:
     # (None on the CPU, where DataParallel runs the module as it is).
     # The module by its import path: ``torch.nn.parallel.data_parallel`` is the *function* of
     # that name (re-exported by torch/nn/parallel/__init__.py), which shadows the module.
-    device_type = None if mapper.on_cpu else mapper.type
+    # Elsewhere the target's type -- where torch has the C++ scatter/gather DataParallel splits batches
+    # with (torch._C._scatter, in CUDA builds only). A build without it (torch_npu's, the emulated npu's:
+    # DataParallel(model).cuda() in pytorch/examples' imagenet raised "torch._C has no attribute
+    # '_scatter'") runs the module on the device as it is, as DataParallel over one device does.
+    import torch
+
+    device_type = None if mapper.on_cpu or not hasattr(torch._C, "_scatter") else mapper.type
     dp_module = sys.modules["torch.nn.parallel.data_parallel"]
     orig_available = dp_module._get_available_device_type
 
@@ -63,7 +71,8 @@ def _patch_functional_data_parallel(p: Any, mapper: Any, dp_module: Any) -> None
     @functools.wraps(orig)
     def data_parallel(module: Any, inputs: Any, device_ids: Any = None, output_device: Any = None, dim: int = 0,
                       module_kwargs: Any = None) -> Any:
-        mapper.log.record("device", "data_parallel(...)", "module(*inputs) (CPU target)", depth=3)
+        where = "CPU target" if mapper.on_cpu else f"no scatter/gather for {mapper.type} in this torch"
+        mapper.log.record("device", "data_parallel(...)", f"module(*inputs) ({where})", depth=3)
         if not isinstance(inputs, tuple):
             inputs = (inputs,) if inputs is not None else ()
         return module(*inputs, **(module_kwargs or {}))
