@@ -1,4 +1,5 @@
-"""Defects the public-program acceptance run on the emulated npu found in stop 42, one distilled check each.
+"""Defects the public-program acceptance run on the emulated npu found in stops 42 and 43, one distilled
+check each.
 
 Each check runs a small CUDA-written script under ``torch-adapter run --target npu --emulate`` (or torchrun
 ranks of it) in fresh interpreters: the device is process-wide and nothing here starts it in pytest's process.
@@ -12,6 +13,8 @@ ranks of it) in fresh interpreters: the device is process-wide and nothing here 
 - imagenet ``main_worker``: ``current_accelerator().type == 'cuda'`` was False on the npu target, so the model
   stayed on the host;
 - imagenet's default ``DataParallel(model).cuda()``: ``torch._C has no attribute '_scatter'`` (a CPU build);
+- pytorch/examples fsdp_tp_example: attention took the math decomposition on the device, whose causal mask
+  could not mix with DTensor inputs;
 - llm.c / gpt-fast ``--compile``: inductor has no code generator for the device (``KeyError: 'npu'``).
 """
 
@@ -190,6 +193,69 @@ def test_data_parallel_runs_the_module_on_the_device(tmp_path):
     """, *NPU)
     assert r == {"out": "npu:0", "param": "npu:0", "same": True, "grad": True, "functional": "npu:0",
                  "has_scatter": False}
+
+
+def test_attention_is_the_devices_fused_kernel(tmp_path):
+    """Ascend's table lists ``_fused_sdp_choice`` and ``scaled_dot_product_attention``: the device picks its
+    attention kernel (torch_npu registers the choice; without one torch takes the math decomposition). On the
+    emulated npu the choice is the host's flash kernel, run as a device kernel (no fallback, no copies), with
+    the host's numbers forward and backward."""
+    (r,) = run(tmp_path, """
+        import json, torch, torch_adapter
+        import torch.nn.functional as F
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(2, 4, 8, 16, requires_grad=True) for _ in range(3))
+        qd, kd, vd = (t.detach().cuda().requires_grad_() for t in (q, k, v))
+        with torch_adapter.trace() as log:
+            out = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True)
+            out.sum().backward()
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        ref.sum().backward()
+        routes = {}
+        for row in log.table():
+            routes.setdefault(row["op"], set()).add(row["route"])
+        print("RESULT " + json.dumps({
+            "device": str(out.device), "out": bool(torch.allclose(out.cpu(), ref, atol=1e-6)),
+            "grad": bool(all(torch.allclose(a.grad.cpu(), b.grad, atol=1e-5) for a, b in ((qd, q), (kd, k), (vd, v)))),
+            "routes": {op: sorted(v) for op, v in routes.items()}}))
+    """, *NPU)
+    assert r["device"] == "npu:0" and r["out"] and r["grad"]
+    assert r["routes"].get("aten::_scaled_dot_product_flash_attention_for_cpu") == ["native"], r["routes"]
+    assert r["routes"].get("aten::_scaled_dot_product_flash_attention_for_cpu_backward") == ["native"], r["routes"]
+    assert not any("fallback" in v for v in r["routes"].values()), r["routes"]
+
+
+def test_tensor_parallel_attention_on_two_ranks(tmp_path):
+    """pytorch/examples fsdp_tp_example (Llama2, q/k/v sharded on the heads): with the math decomposition its
+    causal mask, a plain tensor, met the DTensor inputs ("aten.add.Tensor got mixed torch.Tensor and
+    DTensor"). The fused kernel has DTensor's strategies (redirect/dtensor_rules.py): heads stay sharded and
+    the result is the unsharded attention's."""
+    results = run(tmp_path, """
+        import json, os, torch
+        import torch.distributed as dist
+        import torch.nn.functional as F
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import distribute_tensor, Shard
+        rank = int(os.environ["LOCAL_RANK"])
+        mesh = init_device_mesh("cuda", (2,))
+        torch.manual_seed(0)
+        full = torch.randn(2, 4, 8, 16, device="cuda")
+        q = distribute_tensor(full, mesh, [Shard(1)]).requires_grad_()
+        out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        out.sum().backward()
+        ref = F.scaled_dot_product_attention(full, full, full, is_causal=True)
+        result = {"rank": rank, "placements": [str(p) for p in out.placements],
+                  "same": bool(torch.allclose(out.full_tensor(), ref, atol=1e-6)),
+                  "local": str(out.to_local().device), "grad": q.grad is not None}
+        with open(f"result-{rank}.json", "w") as f:
+            json.dump(result, f)
+        dist.destroy_process_group()
+    """, *NPU, ranks=2)
+    by_rank = {r["rank"]: r for r in results}
+    assert set(by_rank) == {0, 1}
+    for rank, r in by_rank.items():
+        assert r == {"rank": rank, "placements": ["S(1)"], "same": True, "local": f"npu:{rank}",
+                     "grad": True}
 
 
 def test_compile_without_an_inductor_backend_for_the_target(tmp_path):

@@ -66,6 +66,14 @@ _OWN = frozenset({
 })
 # Copies between devices: their composite kernel runs on the device (it reaches the device's _copy_from).
 _CROSS_DEVICE = frozenset({"copy_", "_to_copy", "lift", "lift_fresh", "lift_fresh_copy"})
+# A listed op the vendor runs as one fused kernel -> the host kernels that are that kernel on this device.
+# scaled_dot_product_attention: the device's _fused_sdp_choice (the C++ device's stub, where the table lists
+# it) picks flash, and torch's attention then calls the host's fused kernel (routing/kernel_families.py
+# labels it the table's attention, as the simulated npu does).
+_REALIZED_BY = {
+    "aten::scaled_dot_product_attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                                           "aten::_scaled_dot_product_flash_attention_for_cpu_backward"),
+}
 # Ops whose CUDA kernels take host tensors among device ones (index tensors): no cross-device error.
 _MIXED_OK = ("aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_")
 
@@ -203,6 +211,10 @@ def kernel_ops(native: Iterable[str]) -> KernelPlan:
 
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     plan = KernelPlan()
+    native = set(native)
+    for listed, kernels in _REALIZED_BY.items():
+        if listed in native:
+            native.update(kernels)
     for op in sorted(native):
         base, _, overload = op.partition("::")[2].partition(".")
         short = f"{base}.{overload}" if overload else base

@@ -24,7 +24,10 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/native/transformers/attention.h>
 #include <ATen/record_function.h>
+#include <ATen/ops/_fused_sdp_choice_native.h>
 #include <ATen/ops/as_strided_cpu_dispatch.h>
 #include <ATen/ops/set_cpu_dispatch.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -1039,6 +1042,28 @@ void register_hooks() {
   std::call_once(g_hooks_once, [] { at::RegisterPrivateUse1HooksInterface(new Hooks()); });
 }
 
+// ---------------------------------------------------------------------------------------------
+// Attention: torch's scaled_dot_product_attention asks the device's ``_fused_sdp_choice_stub`` which
+// kernel to run (aten's attention.cpp); a device without one gets the math decomposition. torch_npu
+// registers the stub (Ascend's table lists ``_fused_sdp_choice`` and ``scaled_dot_product_attention``:
+// one fused kernel). Where the table lists the choice, the device answers what its ``_fused_sdp_choice``
+// kernel computes (the host's choice on the same arguments): flash, then
+// ``_scaled_dot_product_flash_attention_for_cpu`` runs as the device's kernel — the fused attention
+// DTensor can shard, where the math decomposition's causal mask, a plain tensor, cannot mix with DTensor
+// inputs (pytorch/examples' fsdp_tp_example: "aten.add.Tensor got mixed torch.Tensor and DTensor").
+std::atomic<bool> g_sdp_choice{false};
+
+int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                         const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa) {
+  if (!g_sdp_choice.load()) {
+    return static_cast<int64_t>(at::SDPBackend::math);
+  }
+  // the host's choice function, called directly: the arguments may be DTensors (torch's attention runs
+  // above their dispatch), and DTensor has no sharding rule for the _fused_sdp_choice op
+  return at::native::_fused_sdp_choice_cpp(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+}
+
 // Registers the device kernels: ``host`` ops run the CPU's kernel on the device's memory, ``composite``
 // ops their composite kernel on the device, ``implicit`` ops that and the same for autograd
 // ("add.Tensor" spelling); returns how many ops were registered.
@@ -1061,6 +1086,11 @@ int64_t register_native(const std::vector<std::string>& names, const std::vector
   for (const auto& name : composite) {
     g_native_lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&composite_kernel>());
     g_native_ops.push_back(name);
+  }
+  for (const auto& name : names) {
+    if (name == "_fused_sdp_choice") {
+      g_sdp_choice.store(true);  // the table lists the choice: the device picks its attention kernel
+    }
   }
   for (const auto& name : implicit) {
     g_native_lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&composite_kernel>());
@@ -1107,6 +1137,10 @@ py::dict take_counts(std::unordered_map<std::string, OpCounter>& table, bool res
 }
 
 }  // namespace emu
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &emu::fused_sdp_choice)
+}  // namespace at::native
 
 namespace at::autocast {
 namespace {

@@ -5,8 +5,11 @@ memory-efficient kernel, for which DTensor has sharding strategies; on the CPU
 ``aten._scaled_dot_product_flash_attention_for_cpu`` (and its backward), for which torch
 2.13 has none, so tensor-parallel attention written for CUDA (pytorch/examples'
 ``fsdp_tp_example.py``, any Llama with ``ColwiseParallel`` q/k/v) stops on the CPU with
-"does not have a sharding strategy registered". While installed on a target that runs host
-kernels, these ops get the strategies the CUDA flash kernel has: everything replicated,
+"does not have a sharding strategy registered". A PrivateUse1 device whose attention is the
+host's fused kernel reaches the same op: the emulated npu's ``_fused_sdp_choice`` picks it as
+torch_npu's picks its own (without a choice the math decomposition's causal mask, a plain tensor,
+met the DTensor inputs: "aten.add.Tensor got mixed torch.Tensor and DTensor"). While installed on
+any target but CUDA, these ops get the strategies the CUDA flash kernel has: everything replicated,
 sharded on the heads (tensor parallel), or on the batch — for one mesh dimension, expanded
 over the mesh by DTensor itself. The rules are registered when ``torch.distributed.tensor``
 is (or gets) imported and removed at uninstall; an op torch has its own strategy for is
@@ -62,7 +65,7 @@ def apply(session: Any) -> None:
     """Register the rules now if DTensor is loaded, else right after it first loads."""
     import torch.distributed as dist
 
-    if not session.device_mapper.on_cpu or not dist.is_available():
+    if session.device_mapper.type == "cuda" or not dist.is_available():  # (CUDA has no host kernel to reach)
         return
     from ..core.after_import import after_import
 
