@@ -726,6 +726,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("checkouts", nargs="*", type=Path, help="local checkouts of the public projects")
     ap.add_argument("--rescore", metavar="JSON", help="score a finished run's logs again (a metric changed); runs nothing")
+    ap.add_argument("--markdown", metavar="JSON", help="print a finished comparing run's table (README.md's); runs nothing")
     ap.add_argument("--torchvision", metavar="DIR", help="a folder with torchvision installed "
                     "(pip install --no-deps --target DIR torchvision); see README.md")
     ap.add_argument("--only", action="append", default=[], help="run only cases whose name contains this")
@@ -746,6 +747,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.rescore:
         return rescore(args.rescore)
+    if args.markdown:
+        print(markdown_table(args.markdown), end="")
+        return 0
     if not args.checkouts:
         ap.error("give at least one checkout")
     if args.emulate and not args.target:
@@ -844,6 +848,47 @@ def _write(json_path: str, meta: dict, label: str, flags: list[str], compare_cpu
         "checkouts": {k: ({"path": str(v), "commit": _git_commit(v)} if isinstance(v, Path) else v)
                       for k, v in repos.items()},
         "cases": results}, indent=1) + "\n")
+
+
+def _fmt_fallbacks(routing: dict | None) -> str:
+    if not routing or not routing.get("fallbacks"):
+        return "none"
+    parts = []
+    for op, f in sorted(routing["fallbacks"].items(), key=lambda kv: -kv[1]["calls"]):
+        moved = f["bytes_to_cpu"] + f["bytes_from_cpu"]
+        parts.append(f"`{op.removeprefix('aten::')}` ×{f['calls']} ({moved / 1e3:.1f} kB)" if moved
+                     else f"`{op.removeprefix('aten::')}` ×{f['calls']} (no copy)")
+    return "; ".join(parts)
+
+
+def markdown_table(json_path: str) -> str:
+    """README.md's table of a comparing run (``--compare-cpu``): each case's printed values on both targets,
+    the verdict, the target's fallbacks (calls, bytes copied) and pass."""
+    data = json.loads(Path(json_path).read_text())
+    ref_name = "CPU target"
+    lines = [f"| case | {ref_name} | {data['target']} | equal? | fallbacks on the target (calls, bytes copied) | pass |",
+             "|---|---|---|---|---|---|"]
+    verdicts = {"same": "yes", "close": "close", "differ": "**no**", "none": "no loss printed", "failed": "—"}
+
+    def shown(r: dict) -> str:
+        if not r["ok"]:
+            return "failed"
+        return "—" if r["metric"] is None else _fmt_metric(r["metric"]).replace("\n", "⏎").replace("|", "/")
+
+    for row in data["cases"]:
+        cmp = row.get("compare") or {}
+        eq = verdicts.get(cmp.get("verdict"), str(cmp.get("verdict")))
+        if cmp.get("verdict") == "close" and cmp.get("max_rel_diff") is not None:
+            eq += f" ({cmp['max_rel_diff']:.1e})"
+        if not cmp.get("comparable", True):
+            eq = "not comparable"
+        if cmp.get("artifacts_equal") is True:
+            eq += "; written results identical"
+        elif cmp.get("artifacts_equal") is False:
+            eq += "; written results differ"
+        lines.append(f"| {row['case']} | {shown(row['reference'])} | {shown(row['target'])} | {eq} | "
+                     f"{_fmt_fallbacks(row['target'].get('routing'))} | {'ok' if row['pass'] else '**FAIL**'} |")
+    return "\n".join(lines) + "\n"
 
 
 def rescore(json_path: str) -> int:
