@@ -145,6 +145,36 @@ out["plain"] = str(torch.cuda.DoubleTensor([1.0, 2.0]).device)
                  "cuda0": ["npu:0", "torch.float32", [2]], "plain": "npu:0"}, r
 
 
+def test_tensor_constructor_under_a_cuda_default_tensor_type():
+    """test_tensor_creation_ops' test_constructor_device_legacy, its last part: under
+    ``set_default_tensor_type(torch.cuda.FloatTensor)`` CUDA's ``torch.Tensor(...)`` makes a CUDA tensor, takes
+    ``device='cuda'`` and refuses ``device='cpu'``. On the device target torch's legacy constructor read the
+    default type, the CPU's: ``torch.Tensor(2)`` was a CPU tensor and ``torch.Tensor(2, device='cuda')``
+    raised. A subclass's constructor follows; with the CPU type back, torch's own again; uninstall removes
+    the constructor."""
+    r = results("""
+torch.set_default_tensor_type(torch.cuda.FloatTensor)
+class Sub(torch.Tensor):
+    pass
+out["plain"] = [str(torch.Tensor(2).device), str(torch.Tensor((1.0, 2.0)).device),
+                str(torch.Tensor(2, device="cuda").device), str(Sub([1.0]).device), type(Sub([1.0])).__name__]
+out["refused"] = []
+for make in (lambda: torch.Tensor(device="cpu"), lambda: torch.Tensor(torch.Size([2, 3]), device="cpu"),
+             lambda: torch.Tensor((2.0, 3.0), device="cpu")):
+    try:
+        make(); out["refused"].append("no error")
+    except RuntimeError as e:
+        out["refused"].append(str(e))
+torch.set_default_tensor_type(torch.FloatTensor)
+out["cpu_type"] = [str(torch.Tensor(2).device), str(torch.Tensor(2, device="cpu").device)]
+torch_adapter.uninstall()
+out["own_new_after_uninstall"] = "__new__" in torch.Tensor.__dict__
+""")
+    msg = "legacy constructor expects device type: cuda but device type: cpu was passed"
+    assert r == {"plain": ["npu:0", "npu:0", "npu:0", "npu:0", "Sub"], "refused": [msg] * 3,
+                 "cpu_type": ["cpu", "cpu"], "own_new_after_uninstall": False}, r
+
+
 def test_decomposed_op_keeps_the_native_kernels_argument_rules():
     """test_binary_ufuncs' test_copysign and test_heaviside (float32): on a real device target an op
     the vendor's table lacks runs its torch._decomp reference. copysign's reference refused a host

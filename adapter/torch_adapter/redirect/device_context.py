@@ -80,7 +80,7 @@ def apply(session: Any, mapper: Any, spell: Any) -> None:
             orig_set_default_tensor_type(cpu_name)
             if not mapper.on_cpu:
                 torch.set_default_device(mapper.device(None))
-                from_tensor_type.append(mapper.device(None))
+                from_tensor_type.append(getattr(torch.cuda, name[len("torch.cuda."):]))  # its legacy class
             return None
         orig_set_default_tensor_type(t)
         if from_tensor_type:  # a CPU tensor type after a CUDA one: tensors are made on the CPU again
@@ -89,3 +89,29 @@ def apply(session: Any, mapper: Any, spell: Any) -> None:
         return None
 
     p.set(torch, "set_default_tensor_type", set_default_tensor_type)
+    if not mapper.on_cpu:
+        _patch_legacy_tensor_new(p, from_tensor_type)
+
+
+def _patch_legacy_tensor_new(p: Any, from_tensor_type: list[Any]) -> None:
+    """``torch.Tensor(...)``, the legacy constructor of the default tensor type: after
+    ``set_default_tensor_type(torch.cuda.FloatTensor)`` CUDA makes it a CUDA tensor, takes ``device="cuda"``
+    and refuses ``device="cpu"`` ("legacy constructor expects device type: cuda …"). On a device target the
+    default type is the CPU's with the target as default device, which torch's legacy constructor does not
+    consult (``torch.Tensor(2)`` was a CPU tensor, ``torch.Tensor(2, device="cuda")`` raised): while a CUDA
+    type is the default, ``torch.Tensor(...)`` is that type's constructor (``torch.cuda.FloatTensor``'s
+    stand-in; a subclass's object of that class). Every other time torch's own."""
+    import torch
+
+    base_new = torch._C.TensorBase.__new__
+    had_own = "__new__" in torch.Tensor.__dict__
+
+    def __new__(cls: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - the method it stands for
+        if from_tensor_type:
+            made = from_tensor_type[-1](*args, **kwargs)
+            return made if cls is torch.Tensor else made.as_subclass(cls)
+        return base_new(cls, *args, **kwargs)
+
+    if had_own:  # a torch that defines its own: leave it (the legacy default type is deprecated since 2.1)
+        return
+    p.set(torch.Tensor, "__new__", staticmethod(__new__))
