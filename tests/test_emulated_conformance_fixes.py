@@ -175,6 +175,31 @@ out["own_new_after_uninstall"] = "__new__" in torch.Tensor.__dict__
                  "cpu_type": ["cpu", "cpu"], "own_new_after_uninstall": False}, r
 
 
+def test_gru_cell_runs_and_trains_on_the_device():
+    """test_modules' GRUCell tests (test_cpu_gpu_parity …): torch picks ``_thnn_fused_gru_cell`` on a
+    PrivateUse1 device, which has CUDA kernels only ("Could not run 'aten::_thnn_fused_gru_cell' with
+    arguments from the 'CPU' backend"). The device's cell (CUDA's arithmetic) gives the CPU's outputs and
+    gradients, with and without bias, for GRUCell and GRU."""
+    r = results("""
+torch.manual_seed(0)
+out["ok"] = []
+for bias in (True, False):
+    m = torch.nn.GRUCell(5, 7, bias=bias); g = torch.nn.GRU(5, 7, bias=bias, batch_first=True)
+    x = torch.randn(3, 5, requires_grad=True); h = torch.randn(3, 7, requires_grad=True); xs = torch.randn(2, 4, 5)
+    y = m(x, h); y.sin().sum().backward()
+    ref = [y.detach(), x.grad.clone(), h.grad.clone(), *[p.grad.clone() for p in m.parameters()]]
+    o, _ = g(xs); o.sum().backward(); refg = [o.detach(), *[p.grad.clone() for p in g.parameters()]]
+    m.zero_grad(); g.zero_grad(); m.cuda(); g.cuda()
+    xd = x.detach().cuda().requires_grad_(); hd = h.detach().cuda().requires_grad_()
+    yd = m(xd, hd); yd.sin().sum().backward()
+    got = [yd.detach(), xd.grad, hd.grad, *[p.grad for p in m.parameters()]]
+    od, _ = g(xs.cuda()); od.sum().backward(); gotg = [od.detach(), *[p.grad for p in g.parameters()]]
+    out["ok"].append([str(yd.device), all(torch.allclose(a.cpu(), b, atol=1e-5) for a, b in zip(got, ref)),
+                      all(torch.allclose(a.cpu(), b, atol=1e-5) for a, b in zip(gotg, refg))])
+""")
+    assert r == {"ok": [["npu:0", True, True], ["npu:0", True, True]]}, r
+
+
 def test_decomposed_op_keeps_the_native_kernels_argument_rules():
     """test_binary_ufuncs' test_copysign and test_heaviside (float32): on a real device target an op
     the vendor's table lacks runs its torch._decomp reference. copysign's reference refused a host

@@ -99,6 +99,15 @@ def device_name_rule(target: str) -> Rule:
             rf"|\"[^\"]*'cuda(:\d+)?'[^\"]*\" does not match \"[^\"]*'{t}(:\d+)?'[^\"]*\")", None)
 
 
+def device_compare_rule(target: str) -> Rule:
+    """The naming class where the test compares devices in a boolean (no values in the message):
+    test_modules' ``test_to_empty`` asserts ``all(p.device == device_ ...)`` with ``device_ =
+    torch.device('cuda:0')``; its parameters are on ``{target}:0`` (checked: ``to_empty(device='cuda:0')``
+    on the emulated npu puts every parameter and buffer there)."""
+    return (DEVICE_NAME_CLASS.format(t=target), BY_DESIGN, r"^AssertionError: False is not true$",
+            r"assertTrue\(all\(p\.device == device_ for p in m\.parameters\(\)\)\)")
+
+
 def quantized_rule(target: str) -> Rule:
     """Quantized tensors on a device whose Quantized<target> key has no kernels (torch has quantized
     backends for the CPU and CUDA only; the CPU target has the CPU's)."""
@@ -112,7 +121,7 @@ def rules_for(target: str = "cpu", emulate: bool = False) -> list[Rule]:
     and quantized tensors meet the device's empty quantized backend."""
     if not emulate:
         return RULES
-    return [device_name_rule(target), quantized_rule(target),
+    return [device_name_rule(target), device_compare_rule(target), quantized_rule(target),
             *(r for r in RULES if r[0] not in ONE_DEVICE_ONLY)]
 
 

@@ -8,6 +8,12 @@ the CPU, which has none: ``NotImplementedError: Could not run 'aten::_thnn_fused
 arguments from the 'CPU' backend`` (pytorch/examples word_language_model and mnist_rnn, found by
 the acceptance run on the emulated npu).
 
+``nn.GRU``/``nn.GRUCell`` pick ``_thnn_fused_gru_cell`` the same way (test_modules' GRUCell tests:
+"Could not run 'aten::_thnn_fused_gru_cell' with arguments from the 'CPU' backend"). Ascend lists its
+forward; torch's derivative of it calls ``_thnn_fused_gru_cell_backward``, which has CUDA kernels only
+and which the table does not list, so the backward is registered with it (else no GRU could train on
+the device; torch_npu trains GRUs) — the one kernel here beyond the table.
+
 Each kernel here is the CUDA kernel's arithmetic (aten/src/ATen/native/cuda/RNN.cu) written with
 torch ops on the device's tensors, registered for PrivateUse1: its pieces run as the device's own
 kernels, and autograd is torch's (the op's derivative calls the backward kernel below).
@@ -21,7 +27,8 @@ import torch
 
 __all__ = ["register", "OPS"]
 
-OPS = ("_thnn_fused_lstm_cell", "_thnn_fused_lstm_cell_backward_impl")
+OPS = ("_thnn_fused_lstm_cell", "_thnn_fused_lstm_cell_backward_impl", "_thnn_fused_gru_cell",
+       "_thnn_fused_gru_cell_backward")
 _LIB: list[Any] = []  # the registration lives as long as the process (as the device does)
 
 
@@ -57,6 +64,38 @@ def _lstm_cell_backward(grad_hy: torch.Tensor | None, grad_cy: torch.Tensor | No
     return grad_gates, gcx * f, grad_bias
 
 
+def _gru_cell(input_gates: torch.Tensor, hidden_gates: torch.Tensor, hx: torch.Tensor,
+              input_bias: torch.Tensor | None = None, hidden_bias: torch.Tensor | None = None):
+    """(hy, workspace): workspace holds [r, i, n, hx, hn] per row (hn: the hidden gates' n part, biased),
+    as CUDA's gru_cell_forward stores it."""
+    ig = input_gates if input_bias is None else input_gates + input_bias
+    hg = hidden_gates if hidden_bias is None else hidden_gates + hidden_bias
+    ir, ii, in_ = ig.chunk(3, 1)
+    hr, hi, hn = hg.chunk(3, 1)
+    r = (ir + hr).sigmoid()
+    i = (ii + hi).sigmoid()
+    n = (in_ + r * hn).tanh()
+    hy = n + i * (hx - n)
+    return hy, torch.cat([r, i, n, hx, hn], 1)
+
+
+def _gru_cell_backward(grad_hy: torch.Tensor, workspace: torch.Tensor, has_bias: bool):
+    """(grad_input_gates, grad_hidden_gates, grad_hx, grad_input_bias, grad_hidden_bias), CUDA's
+    gru_cell_backward."""
+    r, i, n, hx, hn = workspace.chunk(5, 1)
+    gig = grad_hy * (hx - n) * (1 - i) * i
+    ghx = grad_hy * i
+    gin = grad_hy * (1 - i) * (1 - n * n)
+    ghn = gin * r
+    grg = gin * hn * (1 - r) * r
+    grad_input_gates = torch.cat([grg, gig, gin], 1)
+    grad_hidden_gates = torch.cat([grg, gig, ghn], 1)
+    if has_bias:
+        return grad_input_gates, grad_hidden_gates, ghx, grad_input_gates.sum(0), grad_hidden_gates.sum(0)
+    empty = grad_hy.new_empty(0)
+    return grad_input_gates, grad_hidden_gates, ghx, empty, empty
+
+
 def register(name: str) -> None:
     """Register the kernels for the PrivateUse1 key (once per process; ``name`` is the device's)."""
     if _LIB:
@@ -64,4 +103,6 @@ def register(name: str) -> None:
     lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - kernels for a backend torch lacks them for
     lib.impl("_thnn_fused_lstm_cell", _lstm_cell, "PrivateUse1")
     lib.impl("_thnn_fused_lstm_cell_backward_impl", _lstm_cell_backward, "PrivateUse1")
+    lib.impl("_thnn_fused_gru_cell", _gru_cell, "PrivateUse1")
+    lib.impl("_thnn_fused_gru_cell_backward", _gru_cell_backward, "PrivateUse1")
     _LIB.append(lib)
