@@ -200,6 +200,34 @@ for bias in (True, False):
     assert r == {"ok": [["npu:0", True, True], ["npu:0", True, True]]}, r
 
 
+def test_copy_on_write_deterministic_empty_and_the_accelerator_memory_api():
+    """test_torch's CUDA-class defects on the device: ``_lazy_clone`` raised "Expected storage != nullptr"
+    (the device's DataPtr was not a simple one, and the clone ran on a host view: test_lazy_clone*,
+    test_parallel_cow_materialize_error); ``empty`` ignored ``fill_uninitialized_memory``
+    (test_deterministic_empty); ``torch.accelerator.empty_cache()`` asserted "Allocator for npu is not a
+    DeviceAllocator", so largeTensorTest could not size a test by the device's memory (test_optim and test_nn
+    were OOM-killed by their 72 GB / 20 GB tests)."""
+    r = results("""
+a = torch.zeros(4, device="cuda")
+b = a._lazy_clone()
+out["cow"] = [torch._C._is_cow_tensor(a), torch._C._is_cow_tensor(b)]
+b.add_(1)
+out["materialized"] = [torch._C._is_cow_tensor(b), a.sum().item(), b.sum().item()]
+torch.use_deterministic_algorithms(True)
+out["det"] = [bool(torch.empty(3, device="cuda").isnan().all()), torch.empty(1, dtype=torch.int32, device="cuda").item()]
+torch.use_deterministic_algorithms(False)
+before = torch.accelerator.memory_allocated()
+x = torch.empty(1000, device="cuda")
+torch.accelerator.empty_cache()
+out["accel"] = [torch.accelerator.memory_allocated() - before, torch.accelerator.memory_stats()["allocated_bytes.all.current"] >= 4000]
+from torch.testing._internal.common_device_type import _has_sufficient_memory
+free, total = torch.cuda.mem_get_info()
+out["sized"] = [_has_sufficient_memory("cuda", total + 1), _has_sufficient_memory("cuda", 1 << 20)]
+""")
+    assert r == {"cow": [True, True], "materialized": [False, 0.0, 4.0], "det": [True, 2**31 - 1],
+                 "accel": [4000, True], "sized": [False, True]}, r
+
+
 def test_decomposed_op_keeps_the_native_kernels_argument_rules():
     """test_binary_ufuncs' test_copysign and test_heaviside (float32): on a real device target an op
     the vendor's table lacks runs its torch._decomp reference. copysign's reference refused a host

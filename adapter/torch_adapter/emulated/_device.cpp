@@ -24,6 +24,8 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/record_function.h>
@@ -86,18 +88,30 @@ void account(DeviceIndex device, int64_t delta) {
   }
 }
 
-// A block of the device's own memory.
-struct Block {
-  void* ptr;
+// A block of the device's own memory. Its DataPtr is a simple one (context == data, as the CPU
+// allocator's): torch's copy-on-write (Tensor._lazy_clone, COW materialisation) wraps only such a
+// pointer ("Expected storage != nullptr" otherwise: test_torch's test_lazy_clone*). The size and the
+// device for the statistics are kept beside it, by address.
+struct BlockInfo {
   size_t nbytes;
   DeviceIndex device;
+  c10::DeleterFnPtr deleter;  // how the memory is freed: c10::free_cpu, or the adopted allocation's own
 };
+std::mutex g_blocks_mutex;
+std::unordered_map<void*, BlockInfo> g_blocks;
 
-void free_block(void* ctx) {
-  auto* b = static_cast<Block*>(ctx);
-  account(b->device, -static_cast<int64_t>(b->nbytes));
-  c10::free_cpu(b->ptr);
-  delete b;
+void free_block(void* ptr) {
+  BlockInfo info{0, 0, &c10::free_cpu};
+  {
+    std::lock_guard<std::mutex> lock(g_blocks_mutex);
+    auto it = g_blocks.find(ptr);
+    if (it != g_blocks.end()) {
+      info = it->second;
+      g_blocks.erase(it);
+    }
+  }
+  account(info.device, -static_cast<int64_t>(info.nbytes));
+  info.deleter(ptr);
 }
 
 // Memory a CPU kernel allocated for an output, adopted by the device (same place, new owner).
@@ -115,14 +129,52 @@ void free_adopted(void* ctx) {
 
 c10::DataPtr device_block(size_t nbytes, DeviceIndex device, DeviceType tag) {
   void* ptr = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
-  auto* b = new Block{ptr, nbytes, device};
+  if (ptr != nullptr) {
+    std::lock_guard<std::mutex> lock(g_blocks_mutex);
+    g_blocks[ptr] = BlockInfo{nbytes, device, &c10::free_cpu};
+  }
   account(device, static_cast<int64_t>(nbytes));
-  return {ptr, b, &free_block, Device(tag, tag == kDev ? device : -1)};
+  return {ptr, ptr, &free_block, Device(tag, tag == kDev ? device : -1)};
 }
 
-struct DeviceAllocator final : c10::Allocator {
+// A device allocator in torch's sense (c10::DeviceAllocator), as torch_npu's is:
+// torch.accelerator.empty_cache()/memory_stats()/reset_peak_memory_stats() require one ("Allocator for
+// npu is not a DeviceAllocator"). It caches nothing: freed blocks go back to the host at once.
+struct DeviceAllocator final : c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     return device_block(nbytes, t_device, kDev);
+  }
+  bool initialized() override {
+    return true;
+  }
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {}
+  void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}  // one synchronous stream
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    const auto& st = g_stats[clamp_index(device)];
+    c10::CachingDeviceAllocator::DeviceStats out;
+    const int64_t bytes = st.allocated.load();
+    const int64_t peak = st.peak.load();
+    for (auto* arr : {&out.allocated_bytes, &out.reserved_bytes, &out.active_bytes, &out.requested_bytes}) {
+      (*arr)[0].current = bytes;
+      (*arr)[0].peak = peak;
+    }
+    const int64_t made = st.allocations.load();
+    const int64_t freed = st.frees.load();
+    for (auto* arr : {&out.allocation, &out.segment, &out.active}) {
+      (*arr)[0].current = made - freed;
+      (*arr)[0].allocated = made;
+      (*arr)[0].freed = freed;
+    }
+    return out;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    auto& st = g_stats[clamp_index(device)];
+    st.allocations.store(0);
+    st.frees.store(0);
+  }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    auto& st = g_stats[clamp_index(device)];
+    st.peak.store(st.allocated.load());
   }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
@@ -548,11 +600,22 @@ at::Tensor adopt(const at::Tensor& out, DeviceIndex device, std::vector<Adoption
     size_t nbytes = hs->nbytes();
     c10::DataPtr inner = hs->set_data_ptr(c10::DataPtr(nullptr, Device(DeviceType::CPU)));
     void* ptr = inner.get();
-    auto* holder = new Adopted{std::move(inner), nbytes, device};
     account(device, static_cast<int64_t>(nbytes));
-    ds = c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-        c10::StorageImpl::use_byte_size_t(), nbytes,
-        c10::DataPtr(ptr, holder, &free_adopted, Device(kDev, device)), &g_allocator, /*resizable=*/true));
+    c10::DataPtr owned;
+    if (ptr != nullptr && ptr == inner.get_context()) {
+      // a simple allocation (the CPU allocator's): kept simple, so that copy-on-write can wrap it
+      c10::DeleterFnPtr deleter = inner.get_deleter();
+      inner.release_context();
+      {
+        std::lock_guard<std::mutex> lock(g_blocks_mutex);
+        g_blocks[ptr] = BlockInfo{nbytes, device, deleter};
+      }
+      owned = c10::DataPtr(ptr, ptr, &free_block, Device(kDev, device));
+    } else {
+      owned = c10::DataPtr(ptr, new Adopted{std::move(inner), nbytes, device}, &free_adopted, Device(kDev, device));
+    }
+    ds = c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                            std::move(owned), &g_allocator, /*resizable=*/true));
     adopted.push_back({hs, ds});
   }
   auto r = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(ds), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -859,6 +922,16 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 // ---------------------------------------------------------------------------------------------
 // Metadata kernels every backend registers (views, storage, copies, scalars).
+
+// torch.use_deterministic_algorithms(True) with fill_uninitialized_memory: new memory holds NaN (or the
+// integer maximum), as the CPU's and CUDA's empty give it (test_torch's test_deterministic_empty).
+at::Tensor& fill_if_deterministic(at::Tensor& t) {
+  if (C10_UNLIKELY(at::globalContext().deterministicAlgorithms() &&
+                   at::globalContext().deterministicFillUninitializedMemory())) {
+    at::native::fill_empty_deterministic_(t);
+  }
+  return t;
+}
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<Device> device,
                                std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
@@ -867,8 +940,9 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
               "the emulated ", c10::get_privateuse1_backend(), " has strided tensors only");
   TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "Only dense CPU tensors can be pinned");
   const c10::DeviceGuard guard(d);
-  return at::detail::empty_generic(size, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                   c10::dtype_or_default(dtype), memory_format);
+  at::Tensor t = at::detail::empty_generic(size, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype), memory_format);
+  return fill_if_deterministic(t);
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
@@ -879,9 +953,10 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
               "the emulated ", c10::get_privateuse1_backend(), " has strided tensors only");
   TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "Only dense CPU tensors can be pinned");
   const c10::DeviceGuard guard(d);
-  return at::detail::empty_strided_generic(size, stride, &g_allocator,
-                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                           c10::dtype_or_default(dtype));
+  at::Tensor t = at::detail::empty_strided_generic(size, stride, &g_allocator,
+                                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                   c10::dtype_or_default(dtype));
+  return fill_if_deterministic(t);
 }
 
 at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,

@@ -27,6 +27,18 @@ def _host_total() -> int:
         return 0
 
 
+def _host_available() -> int:
+    """The host memory available now (/proc/meminfo's MemAvailable; the physical total elsewhere)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return _host_total()
+
+
 def make(name: str, ext: Any) -> types.ModuleType:
     """The module ``torch.<name>`` for the emulated device driven by ``ext``."""
     mod = types.ModuleType(f"torch.{name}")
@@ -251,7 +263,9 @@ def make(name: str, ext: Any) -> types.ModuleType:
 
     @_pub
     def mem_get_info(device: Any = None) -> tuple[int, int]:
+        # free: what the host can still give (its memory is the device's), at most total - allocated
         total = _host_total()
-        return max(total - stats(device)["allocated_bytes.all.current"], 0), total
+        free = max(total - stats(device)["allocated_bytes.all.current"], 0)
+        return min(free, _host_available()), total
 
     return mod

@@ -13,7 +13,10 @@ current accelerator is ``cuda``, its count, index, streams and memory figures ar
 ``torch.accelerator`` to choose host or device code (the optimizer's fused defaults,
 ``parallel_apply``, c10d's ``device_id`` check, ``torch.load``'s device restore): a call
 whose caller is a ``torch`` module gets torch's own function, so those paths see the real
-tensors' machine, exactly as without the adapter.
+tensors' machine, exactly as without the adapter. PyTorch's test helpers
+(``torch.testing._internal``, shipped in the wheel) are the program's side: they are written for
+the tests' CUDA classes (``largeTensorTest`` sizes a "cuda" test by the accelerator's memory only
+when the accelerator is named ``cuda``).
 
 On an accelerator target (npu, xpu, mps) ``torch.accelerator`` already counts, selects and
 synchronises the target's devices, and keeps doing so; only ``current_accelerator()`` answers
@@ -64,6 +67,9 @@ PASS_THROUGH = frozenset({
     "torch._dynamo.eval_frame",  # torch.compiler.disable(fn), torch.compile(fn)'s entry
     "torch._compile",  # torch._disable_dynamo
 })
+
+# PyTorch's test helpers (shipped in the wheel, not torch's machinery): answered as the program
+TEST_HELPERS = "torch.testing._internal"
 
 # torch.accelerator name -> the torch.cuda name whose (stand-in) answer it gives; None: its own below
 ANSWERS: dict[str, str | None] = {
@@ -119,7 +125,10 @@ def _torch_caller() -> bool:
     while frame is not None:
         name = frame.f_globals.get("__name__") or ""
         if name not in PASS_THROUGH:
-            return name == "torch" or name.startswith("torch.")
+            # torch.testing._internal is PyTorch's test suite's helpers: code written for the tests' CUDA
+            # classes (largeTensorTest asks current_accelerator() whether the "cuda" device is the accelerator,
+            # and skips by its memory only then), so it is the program's side
+            return (name == "torch" or name.startswith("torch.")) and not name.startswith(TEST_HELPERS)
         frame = frame.f_back
     return False
 
