@@ -102,10 +102,11 @@ def device_name_rule(target: str) -> Rule:
 def device_compare_rule(target: str) -> Rule:
     """The naming class where the test compares devices in a boolean (no values in the message):
     test_modules' ``test_to_empty`` asserts ``all(p.device == device_ ...)`` with ``device_ =
-    torch.device('cuda:0')``; its parameters are on ``{target}:0`` (checked: ``to_empty(device='cuda:0')``
-    on the emulated npu puts every parameter and buffer there)."""
+    torch.device('cuda:0')``, ``test_to`` ``all(p.device.type == device_ ...)`` with ``device_ = 'cuda'``;
+    the parameters are on ``{target}:0`` (checked: ``to_empty(device='cuda:0')`` and ``.to('cuda')`` on the
+    emulated npu put every parameter and buffer there)."""
     return (DEVICE_NAME_CLASS.format(t=target), BY_DESIGN, r"^AssertionError: False is not true$",
-            r"assertTrue\(all\(p\.device == device_ for p in m\.parameters\(\)\)\)")
+            r"assertTrue\(all\(p\.device(\.type)? == device_ for p in m\.parameters\(\)\)\)")
 
 
 def quantized_rule(target: str) -> Rule:
