@@ -297,3 +297,124 @@ def test_fork_rng_with_the_programs_cuda_devices():
     """)
     assert r == {"same_draws": True, "state_kept": True, "device": "npu:0",
                  "other": "torch.npu: expected a npu device, got cuda:0"}
+
+
+def test_storage_types_overlap_checks_is_set_to_and_integer_geometric():
+    """test_torch on the emulated npu: ``storage_type()`` was None for device tensors (torch.npu had no
+    legacy storages); in-place ops on overlapping memory computed where CPU and CUDA raise (host views
+    of one device storage were separate host storages, _copy_from skipped copy_'s checks, index_add_'s
+    decomposition only warned); a read-only copy-on-write argument was materialized; is_set_to went
+    through the fallback (host copies are never set to each other); geometric_ on integers took a
+    floating-only decomposition."""
+    r = results("""
+import warnings
+def raises(f):
+    try:
+        f()
+    except RuntimeError as e:
+        return str(e).split(":")[0]
+    return "no error"
+a = torch.ones(3, device="cuda")
+out["storage_type"] = a.storage_type() is torch.cuda.FloatStorage
+out["storage_type_name"] = a.storage_type().__module__ + "." + a.storage_type().__name__
+out["isinstance"] = isinstance(a.storage(), torch.cuda.FloatStorage)
+t = torch.tensor([[0, 1], [2, 3]], device="cuda"); c = t._lazy_clone(); s = t + c
+out["cow_kept"] = [torch._C._is_cow_tensor(t), torch._C._is_cow_tensor(c), s.cpu().tolist()]
+t.add_(1)
+out["cow_written"] = [torch._C._is_cow_tensor(t), t.cpu().tolist(), c.cpu().tolist()]
+x = torch.rand(1, device="cuda").expand(6); y = torch.rand(6, device="cuda")
+ind = torch.tensor([2, 1, 0], device="cuda")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    out["overlap"] = [raises(lambda: x.index_add_(0, ind, torch.rand(3, device="cuda"))),
+                      raises(lambda: y.index_add_(0, ind, y[:3])),
+                      raises(lambda: y.put_(ind, y[:3])),
+                      raises(lambda: torch.randn(1, device="cuda").expand(3, 3).copy_(torch.randn(3, 3))),
+                      raises(lambda: y[0:3].copy_(y[1:4])),
+                      raises(lambda: y[1:4].copy_(y[1:4])),
+                      raises(lambda: y[:3].copy_(y[3:]))]
+t1 = torch.empty(3, 4, device="cuda"); t3 = torch.tensor([], device="cuda").set_(t1)
+out["is_set_to"] = [t1.is_set_to(t3), t3.is_set_to(t1), t1.is_set_to(torch.empty(3, 4, device="cuda")),
+                    t1.is_set_to(t1.view(4, 3))]
+g = torch.tensor([10] * 64, dtype=torch.int32, device="cuda").geometric_(0.5)
+out["geometric"] = [str(g.dtype), str(g.device), bool((g >= 1).all())]
+""")
+    assert r["storage_type"] and r["isinstance"], r
+    assert r["storage_type_name"] == "torch.npu.FloatStorage"
+    assert r["cow_kept"] == [True, True, [[0, 2], [4, 6]]]
+    assert r["cow_written"] == [False, [[1, 2], [3, 4]], [[0, 1], [2, 3]]]
+    assert r["overlap"] == ["unsupported operation"] * 5 + ["no error", "no error"], r["overlap"]
+    assert r["is_set_to"] == [True, True, False, False]
+    assert r["geometric"] == ["torch.int32", "npu:0", True]
+
+
+def test_sparse_coo_tensors_live_on_the_device():
+    """test_optim's SparseAdam cases and test_torch's test_grad_scaling_unscale_sparse: the device had no
+    sparse tensors ('Could not run _sparse_coo_tensor_with_dims_and_tensors with arguments from the
+    Sparsenpu backend'; ``grad.to_sparse()`` came back on the host). Sparse construction, arithmetic
+    (the host's sparse kernels through the fallback), ``to_sparse`` and SparseAdam / sparse Embedding
+    training agree with the CPU."""
+    r = results("""
+def run(dev):
+    torch.manual_seed(0)
+    i = torch.tensor([[0, 1, 1], [2, 0, 2]], device=dev); v = torch.tensor([16., 32., 64.], device=dev)
+    s = torch.sparse_coo_tensor(i, v, (2, 3), device=dev)
+    res = {"layout": str(s.layout), "device": str(s.device), "indices_device": str(s._indices().device),
+           "mul": (s * 2).to_dense().cpu().tolist(), "add": (s + s).coalesce().to_dense().cpu().tolist()}
+    w = torch.randn(4, 3, device=dev, requires_grad=True)
+    opt = torch.optim.SparseAdam([w], lr=0.1)
+    for _ in range(3):
+        (w * torch.arange(12., device=dev).view(4, 3)).sum().backward()
+        w.grad = w.grad.to_sparse()
+        res["grad"] = [str(w.grad.layout), str(w.grad.device)]
+        opt.step(); opt.zero_grad()
+    res["sparse_adam"] = w.detach().cpu().tolist()
+    emb = torch.nn.Embedding(10, 3, sparse=True).to(dev)
+    sgd = torch.optim.SGD(emb.parameters(), lr=0.5)
+    emb(torch.tensor([1, 2, 2], device=dev)).pow(2).sum().backward(); sgd.step()
+    res["embedding"] = [str(emb.weight.grad.layout), str(emb.weight.device), emb.weight.detach().cpu().tolist()]
+    return res
+out["npu"] = run("cuda")
+torch_adapter.uninstall()
+out["cpu"] = run("cpu")
+""")
+    npu, cpu = r["npu"], r["cpu"]
+    assert npu["device"] == npu["indices_device"] == "npu:0" and npu["layout"] == "torch.sparse_coo"
+    assert npu["grad"] == ["torch.sparse_coo", "npu:0"] and npu["embedding"][:2] == ["torch.sparse_coo", "npu:0"]
+    assert npu["mul"] == cpu["mul"] and npu["add"] == cpu["add"]
+    for a, b in [*zip(npu["sparse_adam"], cpu["sparse_adam"]), *zip(npu["embedding"][2], cpu["embedding"][2])]:
+        assert a == pytest.approx(b, rel=1e-5)
+
+
+def test_device_memory_has_a_capacity_and_overflow_is_torchs_out_of_memory_error():
+    """test_nn's test_cross_entropy_64bit (20 GB on "cuda" and 20 GB on the CPU) OOM-killed the run on a 24 GB
+    host: the device claimed the host's whole memory, so both largeTensorTest checks passed. The device now
+    has a capacity (half the host's memory, or TORCH_ADAPTER_EMULATED_MEMORY), which mem_get_info and the
+    device properties report, and an allocation beyond it raises torch.OutOfMemoryError (catchable, as
+    on a real device) instead of reaching the host's OOM killer."""
+    env = dict(os.environ, TORCH_ADAPTER_EMULATED_MEMORY="256MiB")
+    code = textwrap.dedent(START) + textwrap.dedent("""
+free, total = torch.cuda.mem_get_info()
+out["info"] = [total, free <= total, torch.cuda.get_device_properties(0).total_memory]
+x = torch.empty(32 * 2**20, device="cuda")  # 128 MiB
+try:
+    torch.empty(64 * 2**20, device="cuda")
+    out["oom"] = "no error"
+except torch.cuda.OutOfMemoryError as e:
+    out["oom"] = str(e).split(".")[0]
+out["after"] = torch.cuda.memory_allocated()
+del x
+out["again"] = tuple(torch.empty(48 * 2**20, device="cuda").shape)
+from torch.testing._internal.common_device_type import _has_sufficient_memory
+out["sized"] = _has_sufficient_memory("cuda", 2**30)
+done()
+""")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, p.stderr[-3000:]
+    r = json.loads(lines[-1][len("RESULT "):])
+    assert r == {"info": [2**28, True, 2**28], "oom": "NPU out of memory", "after": 2**27,
+                 "again": [48 * 2**20], "sized": False}, r
+    bad = subprocess.run([sys.executable, "-c", textwrap.dedent(START)], capture_output=True, text=True,
+                         env=dict(env, TORCH_ADAPTER_EMULATED_MEMORY="lots"), timeout=300)
+    assert bad.returncode != 0 and "TORCH_ADAPTER_EMULATED_MEMORY: expected a positive size" in bad.stderr

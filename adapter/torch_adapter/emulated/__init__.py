@@ -260,13 +260,16 @@ def start(name: str, native: Iterable[str], *, device_count: int = 1) -> Emulato
         check_emulatable(name)
         import torch
 
+        from . import device_module
+
         ext = build()
+        ext.set_capacity(device_module.capacity_bytes())
         plan = kernel_ops(native)
         ext.set_device_count(int(device_count))
         ext.register_hooks()
         if torch._C._get_privateuse1_backend_name() != name:
             torch.utils.rename_privateuse1_backend(name)
-        from . import collectives, device_module, vendor_kernels, vendor_package
+        from . import collectives, vendor_kernels, vendor_package
 
         module = device_module.make(name, ext)
         torch._register_device_module(name, module)

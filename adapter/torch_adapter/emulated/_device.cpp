@@ -30,6 +30,22 @@
 #include <ATen/native/transformers/attention.h>
 #include <ATen/record_function.h>
 #include <ATen/ops/_fused_sdp_choice_native.h>
+#include <ATen/ops/is_set_to_native.h>
+#include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors_native.h>
+#include <ATen/ops/_sparse_coo_tensor_with_dims_native.h>
+#include <ATen/ops/sparse_resize_native.h>
+#include <ATen/ops/sparse_resize_and_clear_native.h>
+#include <ATen/ops/sparse_dim_native.h>
+#include <ATen/ops/dense_dim_native.h>
+#include <ATen/ops/_nnz_native.h>
+#include <ATen/ops/is_coalesced_native.h>
+#include <ATen/ops/_coalesced_native.h>
+#include <ATen/ops/_indices_native.h>
+#include <ATen/ops/_values_native.h>
+#include <ATen/ops/indices_native.h>
+#include <ATen/ops/values_native.h>
+#include <ATen/ops/copy_sparse_to_sparse_native.h>
+#include <ATen/ops/empty_native.h>
 #include <ATen/ops/as_strided_cpu_dispatch.h>
 #include <ATen/ops/set_cpu_dispatch.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -37,7 +53,9 @@
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdio>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -127,7 +145,37 @@ void free_adopted(void* ctx) {
   delete a;  // frees the memory through its original deleter
 }
 
+// The device's capacity (bytes; 0: none): a real device has a fixed memory, and a program that asks for
+// more gets torch.OutOfMemoryError, which it can catch (accelerate's find_executable_batch_size), not the
+// host's OOM killer. Its memory is host memory, so a program using the host as well must fit both:
+// test_nn's test_cross_entropy_64bit asks for 20 GB on "cuda" and 20 GB on the CPU, and on a 24 GB host
+// whose whole memory the device claimed, both checks passed and the kernel killed the run.
+std::atomic<int64_t> g_capacity{0};
+
+void check_capacity(size_t nbytes, DeviceIndex device) {
+  const int64_t cap = g_capacity.load(std::memory_order_relaxed);
+  if (cap <= 0 || nbytes == 0) {
+    return;
+  }
+  const int64_t used = g_stats[clamp_index(device)].allocated.load();
+  if (used + static_cast<int64_t>(nbytes) <= cap) {
+    return;
+  }
+  constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+  char msg[512];
+  std::snprintf(msg, sizeof(msg),
+                "%s out of memory. Tried to allocate %.2f GiB (%s %d; %.2f GiB total capacity; %.2f GiB already "
+                "allocated; %.2f GiB free). The emulated device's memory is TORCH_ADAPTER_EMULATED_MEMORY "
+                "(bytes or e.g. 8GB; default half of the host's memory).",
+                c10::get_privateuse1_backend(false).c_str(), nbytes / GiB, c10::get_privateuse1_backend().c_str(),
+                static_cast<int>(device), cap / GiB, used / GiB, std::max<int64_t>(cap - used, 0) / GiB);
+  TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
+}
+
 c10::DataPtr device_block(size_t nbytes, DeviceIndex device, DeviceType tag) {
+  if (tag == kDev) {
+    check_capacity(nbytes, device);
+  }
   void* ptr = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
   if (ptr != nullptr) {
     std::lock_guard<std::mutex> lock(g_blocks_mutex);
@@ -564,14 +612,30 @@ at::Tensor host_view(const at::Tensor& t, std::vector<HostView>& views) {
     }
   }
   const c10::Storage& s = t.storage();
-  auto storage = c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), s.nbytes(),
-      c10::DataPtr(s.mutable_data(), Device(DeviceType::CPU)), &g_host_view_allocator, /*resizable=*/true);
-  auto view = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(std::move(storage)),
+  // Arguments on one device storage get views on one host storage, so the CPU kernel's own overlap
+  // checks (get_overlap_status compares storages) see what the device tensors share:
+  // y.index_add_(0, i, y[:3]) raises "unsupported operation" as on CUDA.
+  c10::Storage host;
+  for (const auto& hv : views) {
+    if (hv.original.storage().unsafeGetStorageImpl() == s.unsafeGetStorageImpl()) {
+      host = hv.held.storage();
+      break;
+    }
+  }
+  if (!host) {
+    // s.data(), not mutable_data(): a copy-on-write storage that is only read stays shared
+    // (device_kernel materializes the written arguments first).
+    host = c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+        c10::StorageImpl::use_byte_size_t(), s.nbytes(),
+        c10::DataPtr(const_cast<void*>(s.data()), Device(DeviceType::CPU)), &g_host_view_allocator,
+        /*resizable=*/true));
+  }
+  auto view = at::detail::make_tensor<c10::TensorImpl>(std::move(host),
                                                        c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   view.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   copy_math_bits(view, t);
-  views.push_back({view, view.unsafeGetTensorImpl(), view.storage().unsafeGetStorageImpl(), t, s.mutable_data()});
+  views.push_back({view, view.unsafeGetTensorImpl(), view.storage().unsafeGetStorageImpl(), t,
+                   const_cast<void*>(s.data())});
   return view;
 }
 
@@ -630,7 +694,8 @@ at::Tensor adopt(const at::Tensor& out, DeviceIndex device, std::vector<Adoption
 void write_back(const HostView& hv) {
   c10::TensorImpl* dst = hv.original.unsafeGetTensorImpl();
   c10::StorageImpl* vs = hv.view_storage;
-  if (vs->data() != hv.data) {
+  // (a host storage several arguments share moves to the device storage once)
+  if (vs->data() != hv.data && hv.original.storage().unsafeGetStorageImpl()->data() == hv.data) {
     c10::DataPtr moved = vs->set_data_ptr(c10::DataPtr(nullptr, Device(DeviceType::CPU)));
     moved.unsafe_set_device(Device(kDev, hv.original.device().index()));
     c10::StorageImpl* ds = hv.original.storage().unsafeGetStorageImpl();
@@ -663,6 +728,14 @@ at::Tensor tensor_to_device(const at::Tensor& out, DeviceIndex device, const std
     if (h == impl) {
       return out;  // a host tensor the caller passed (zero-dim scalars): returned as given
     }
+  }
+  if (out.is_sparse() && out.device().type() == DeviceType::CPU) {
+    // a sparse result (dense.to_sparse() as the device's kernel): its indices and values become the
+    // device's (adopted, not copied), the sparse tensor one of the device
+    at::Tensor i = tensor_to_device(out._indices(), device, views, adopted, host_inputs);
+    at::Tensor v = tensor_to_device(out._values(), device, views, adopted, host_inputs);
+    return at::_sparse_coo_tensor_with_dims_and_tensors(out.sparse_dim(), out.dense_dim(), out.sizes(), i, v,
+                                                        out.options().device(v.device()), out.is_coalesced());
   }
   if (out.device().type() != DeviceType::CPU || !out.has_storage()) {
     return out;
@@ -733,6 +806,21 @@ void host_generators(const c10::OperatorHandle& op, torch::jit::Stack* stack, si
   }
 }
 
+void materialize_device(const c10::IValue& v) {
+  auto one = [](const at::Tensor& t) {
+    if (t.defined() && t.device().type() == kDev && t.has_storage()) {
+      (void)t.storage().mutable_data();
+    }
+  };
+  if (v.isTensor()) {
+    one(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) {
+      one(t);
+    }
+  }
+}
+
 void device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const int64_t start = g_count_native.load(std::memory_order_relaxed) ? now_ns() : 0;
   const auto& schema = op.schema();
@@ -746,6 +834,14 @@ void device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   bool adopt_outputs = true;
   if (common.has_value() && common->type() == kDev) {
     device = common->index();
+  }
+  // Written arguments' copy-on-write storages are materialized before any view is made (a view of a
+  // read argument on the same storage then sees the materialized memory).
+  for (size_t i = 0; i < n; ++i) {
+    const auto* alias = args[i].alias_info();
+    if (alias && alias->isWrite()) {
+      materialize_device((*stack)[first + i]);
+    }
   }
   std::vector<HostView> views;
   views.reserve(4);
@@ -860,7 +956,13 @@ int64_t device_bytes(const torch::jit::Stack& stack, size_t first, size_t count)
   int64_t bytes = 0;
   auto add = [&](const at::Tensor& t) {
     if (t.defined() && t.device().type() == kDev) {
-      bytes += static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
+      if (t.is_sparse()) {  // what moves: its indices and values
+        const at::Tensor i = t._indices(), v = t._values();
+        bytes += static_cast<int64_t>(i.numel()) * static_cast<int64_t>(i.element_size()) +
+                 static_cast<int64_t>(v.numel()) * static_cast<int64_t>(v.element_size());
+      } else {
+        bytes += static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
+      }
     }
   };
   for (size_t i = first; i < first + count && i < stack.size(); ++i) {
@@ -882,7 +984,7 @@ int64_t device_bytes(const torch::jit::Stack& stack, size_t first, size_t count)
   return bytes;
 }
 
-void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void fallback_on(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey host_key) {
   const int64_t start = now_ns();
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
@@ -903,7 +1005,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   c10::DeviceGuard guard(Device(kDev, device));
   {
     at::DisableRecordFunctionGuard hidden;  // its copies are counted here, as bytes, not as ops
-    at::native::cpu_fallback(op, stack);
+    at::native::cpu_fallback(op, stack, /*error_on_views=*/false, host_key);
   }
   const size_t nret = schema.returns().size();
   for (size_t i = 0; i < nret; ++i) {
@@ -918,6 +1020,15 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   c.ns += now_ns() - start;
   c.bytes_to_host += to_host;
   c.bytes_from_host += from_host;
+}
+
+void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  fallback_on(op, stack, c10::DispatchKey::CPU);
+}
+
+// A sparse argument's op: the host's sparse kernel (SparseCPU) on the host copies.
+void sparse_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  fallback_on(op, stack, c10::DispatchKey::SparseCPU);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -973,8 +1084,10 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size, c10::
   return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride));
 }
 
-at::Tensor as_host(const at::Tensor& t) {
-  at::Tensor h = at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(at::kCPU));
+at::Tensor as_host(const at::Tensor& t, bool written) {
+  // a source is read through const_data_ptr: copying from a copy-on-write tensor leaves it shared
+  void* data = written ? t.data_ptr() : const_cast<void*>(t.const_data_ptr());
+  at::Tensor h = at::from_blob(data, t.sizes(), t.strides(), t.options().device(at::kCPU));
   copy_math_bits(h, t);  // copy_ conjugates / negates where the bits differ
   return h;
 }
@@ -984,20 +1097,24 @@ int64_t g_copy_bytes_h2d = 0, g_copy_bytes_d2h = 0, g_copy_bytes_d2d = 0;
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.defined() && dst.defined(), "_copy_from: undefined tensor");
   const int64_t nbytes = static_cast<int64_t>(self.numel()) * static_cast<int64_t>(self.element_size());
+  // copy_ reaches _copy_from before the TensorIterator that checks overlap on the CPU and CUDA
+  // (copy_impl re-dispatches for a device it does not know): the same checks here.
+  at::assert_no_internal_overlap(dst);
   if (self.device().type() == kDev && dst.device().type() == kDev) {
-    at::Tensor d = as_host(dst);
-    at::native::copy_(d, as_host(self), non_blocking);
+    at::assert_no_partial_overlap(dst, self);
+    at::Tensor d = as_host(dst, true);
+    at::native::copy_(d, as_host(self, false), non_blocking);
     g_copy_bytes_d2d += nbytes;
   } else if (self.device().type() == kDev) {
     TORCH_CHECK(dst.device().type() == DeviceType::CPU, "the emulated ", c10::get_privateuse1_backend(),
                 " copies to and from the CPU only, not to ", dst.device());
     at::Tensor d = dst;
-    at::native::copy_(d, as_host(self), non_blocking);
+    at::native::copy_(d, as_host(self, false), non_blocking);
     g_copy_bytes_d2h += nbytes;
   } else {
     TORCH_CHECK(self.device().type() == DeviceType::CPU, "the emulated ", c10::get_privateuse1_backend(),
                 " copies to and from the CPU only, not from ", self.device());
-    at::Tensor d = as_host(dst);
+    at::Tensor d = as_host(dst, true);
     at::native::copy_(d, self, non_blocking);
     g_copy_bytes_h2d += nbytes;
   }
@@ -1010,7 +1127,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 }
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
-  return at::native::_local_scalar_dense_cpu(as_host(self));
+  return at::native::_local_scalar_dense_cpu(as_host(self, false));
 }
 
 at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
@@ -1079,6 +1196,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage", set_source_storage);
   m.impl("set_.source_Storage_storage_offset", set_source_storage_offset);
   m.impl("set_", set_empty);
+  // is_set_to compares storages and geometry: through the fallback it compared the host copies (never set)
+  m.impl("is_set_to", TORCH_FN(at::native::is_set_to));
   m.impl("view", view);
   m.impl("alias", alias);
   m.impl("unfold", unfold);
@@ -1089,6 +1208,49 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sparse COO tensors on the device (torch_npu registers SparsePrivateUse1 kernels; Ascend's table marks
+// add.out, mul.out, _coalesce, max "sparse"): a sparse device tensor is torch's SparseTensorImpl whose
+// indices and values are device tensors. Its construction and metadata are torch's generic sparse kernels;
+// every sparse computation runs through the same boxed fallback as the dense ops (indices and values
+// copied to the host, the CPU's sparse kernel, the results copied back), counted as fallbacks.
+// Copies into a sparse device tensor (the fallback's write-back, copy_) are torch's copy_sparse_, which
+// moves indices and values to the destination's device.
+at::Tensor sparse_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  TORCH_CHECK(self.is_sparse() && dst.is_sparse(), "the emulated ", c10::get_privateuse1_backend(),
+              " copies a sparse tensor into a sparse tensor only (", self.layout(), " into ", dst.layout(), ")");
+  at::Tensor d = dst;
+  at::native::copy_sparse_(d, self, non_blocking);
+  return dst;
+}
+
+TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(at::native::empty_sparse_symint));
+  m.impl("_sparse_coo_tensor_with_dims", TORCH_FN(at::native::new_with_dims_sparse));
+  m.impl("_sparse_coo_tensor_with_dims_and_tensors", TORCH_FN(at::native::new_with_dims_and_tensor_sparse_symint));
+  m.impl("sparse_resize_", TORCH_FN(at::native::sparse_resize_));
+  m.impl("sparse_resize_and_clear_", TORCH_FN(at::native::sparse_resize_and_clear_));
+  m.impl("sparse_dim", TORCH_FN(at::native::sparse_dim_sparse));
+  m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse));
+  m.impl("_dimI", TORCH_FN(at::native::sparse_dim_sparse));
+  m.impl("_dimV", TORCH_FN(at::native::dense_dim_sparse));
+  m.impl("_nnz", TORCH_FN(at::native::_nnz_sparse));
+  m.impl("is_coalesced", TORCH_FN(at::native::is_coalesced_sparse));
+  m.impl("_coalesced_", TORCH_FN(at::native::_coalesced_sparse_));
+  m.impl("_indices", TORCH_FN(at::native::_indices_sparse));
+  m.impl("_values", TORCH_FN(at::native::_values_sparse));
+  m.impl("indices", TORCH_FN(at::native::indices_sparse));
+  m.impl("values", TORCH_FN(at::native::values_sparse));
+  m.impl("copy_sparse_to_sparse_", TORCH_FN(at::native::copy_sparse_));
+  m.impl("_copy_from", sparse_copy_from);
+  m.impl("_copy_from_and_resize",
+         [](const at::Tensor& self, const at::Tensor& dst) { return sparse_copy_from(self, dst, false); });
+}
+
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
 }
 
 // copy_ into or out of the device reaches _copy_from (copy_impl's path for a device it does not know),
@@ -1317,6 +1479,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     emu::t_device = static_cast<c10::DeviceIndex>(i);
   });
   m.def("memory_stats", &emu::memory_stats);
+  m.def("set_capacity", [](int64_t bytes) { emu::g_capacity.store(bytes); });
+  m.def("capacity", []() { return emu::g_capacity.load(); });
   m.def("reset_peak", &emu::reset_peak);
   m.def("default_generator", [](int64_t i) { return emu::default_generator(static_cast<c10::DeviceIndex>(i)); });
   m.def("fallback_counts", [](bool reset) { return emu::take_counts(emu::g_fallback_counts, reset); },

@@ -39,6 +39,33 @@ def _host_available() -> int:
     return _host_total()
 
 
+def capacity_bytes(environ: Any = None) -> int:
+    """The emulated device's memory: ``TORCH_ADAPTER_EMULATED_MEMORY`` (bytes, or with a unit: ``8GB``,
+    ``512MiB``) or half the host's physical memory. The device's memory is host memory; a fixed share
+    leaves the host its own, as a real accelerator's memory is beside the host's."""
+    env = os.environ if environ is None else environ
+    raw = str(env.get("TORCH_ADAPTER_EMULATED_MEMORY", "")).strip()
+    if not raw:
+        return _host_total() // 2
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    num = raw.rstrip("BbKkMmGgTtIi")
+    unit = raw[len(num):].strip().upper()
+    try:
+        value = float(num)
+        if unit not in units or value <= 0:
+            raise ValueError(unit)
+    except ValueError:
+        from ..errors import TargetError, format_error
+
+        raise TargetError(format_error("TORCH_ADAPTER_EMULATED_MEMORY", "a positive size: bytes, or a number with "
+                                       "a unit (KB, MB, GB, TB, KiB, MiB, GiB, TiB)", repr(raw),
+                                       why="it is the emulated device's memory capacity",
+                                       fix="e.g. TORCH_ADAPTER_EMULATED_MEMORY=8GB, or unset it for half the "
+                                           "host's memory")) from None
+    return int(value * units[unit])
+
+
 def make(name: str, ext: Any) -> types.ModuleType:
     """The module ``torch.<name>`` for the emulated device driven by ``ext``."""
     mod = types.ModuleType(f"torch.{name}")
@@ -136,7 +163,7 @@ def make(name: str, ext: Any) -> types.ModuleType:
     def get_device_properties(device: Any = None) -> Any:
         _lazy_init()
         i = index(device)
-        return types.SimpleNamespace(name=get_device_name(i), total_memory=_host_total(),
+        return types.SimpleNamespace(name=get_device_name(i), total_memory=int(ext.capacity()) or _host_total(),
                                      multi_processor_count=os.cpu_count() or 1, type=name, index=i)
 
     _pub(lambda: [torch.float16, torch.bfloat16, torch.float32], "get_amp_supported_dtype")
@@ -263,9 +290,41 @@ def make(name: str, ext: Any) -> types.ModuleType:
 
     @_pub
     def mem_get_info(device: Any = None) -> tuple[int, int]:
-        # free: what the host can still give (its memory is the device's), at most total - allocated
-        total = _host_total()
+        # free: what the device has left of its capacity, at most what the host can still give
+        total = int(ext.capacity()) or _host_total()
         free = max(total - stats(device)["allocated_bytes.all.current"], 0)
         return min(free, _host_available()), total
 
+    _legacy_storages(mod, name)
     return mod
+
+
+def _legacy_storages(mod: types.ModuleType, name: str) -> None:
+    """``torch.<name>.FloatStorage`` & co., as torch_npu defines them: torch's ``_LegacyStorage``
+    subclasses whose module is ``torch.<name>``, so ``TypedStorage._get_legacy_storage_class`` and
+    ``isinstance(t.storage(), torch.<name>.FloatStorage)`` know the device's storages
+    (``tensor.storage_type()`` was None for every device tensor)."""
+    from torch.storage import _LegacyStorage, _dtype_to_storage_type_map
+    from torch._utils import classproperty
+
+    class _DeviceLegacyStorage(_LegacyStorage):
+        @classmethod
+        def from_buffer(cls, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(f"from_buffer: Not available for {name} storage")
+
+        @classmethod
+        def _new_with_weak_ptr(cls, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(f"_new_with_weak_ptr: Not available for {name} storage")
+
+        @classmethod
+        def _new_shared_filename(cls, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(f"_new_shared_filename: Not available for {name} storage")
+
+    _DeviceLegacyStorage.__module__ = mod.__name__
+    for dtype, storage_name in _dtype_to_storage_type_map().items():
+        cls = type(storage_name, (_DeviceLegacyStorage,), {
+            "__module__": mod.__name__, "__qualname__": storage_name,
+            "_dtype": classproperty(lambda self, d=dtype: d),
+            "dtype": classproperty(lambda self, d=dtype: d),
+        })
+        setattr(mod, storage_name, cls)

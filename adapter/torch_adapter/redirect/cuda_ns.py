@@ -404,7 +404,9 @@ class StandIn:
             if n.endswith("Tensor"):
                 ns[n] = _legacy_tensor_class(n, m)
             elif n.endswith("Storage") and hasattr(torch, n):
-                ns[n] = getattr(torch, n)
+                # the target's legacy storage class where its module has one (torch_npu's torch.npu.FloatStorage:
+                # what ``tensor.storage_type()`` answers for its tensors), else the host's
+                ns[n] = getattr(self.dev_mod, n, None) or getattr(torch, n)
 
         for n, (how, _) in TABLE.items():
             if how == U and not inspect.ismodule(getattr(torch.cuda, n, None)):

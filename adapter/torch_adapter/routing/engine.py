@@ -231,6 +231,8 @@ class Engine:
                 out = NotImplemented
                 if d.op in st.stack:  # the decomposition calls the op itself
                     d = _declined(d, "its torch._decomp decomposition calls the op itself")
+                elif d.op in rules.FLOATING_ONLY_DECOMPOSITIONS and _integral_self(args):
+                    d = _declined(d, rules.FLOATING_ONLY_DECOMPOSITIONS[d.op] + " (an integer tensor here)")
                 else:
                     out = self._decompose(d, op, args, kwargs)
                     if out is NotImplemented:
@@ -294,7 +296,7 @@ class Engine:
         st.stack.append(d.op)
         try:
             fn = tp.decompositions()[d.op]
-            _native_checks(d.op, args, kwargs)
+            _native_checks(d.op, op, args, kwargs)
             if not self.simulated:
                 args, kwargs = self._host_scalars(op, args, kwargs)
             return self._pieces(d, lambda: fn(*args, **kwargs))
@@ -420,15 +422,30 @@ def _declined(d: RouteDecision, why: str) -> RouteDecision:
     return RouteDecision(d.op, Route.FALLBACK, f"{d.reason.split(';')[0]}; {why}, so this call runs on the CPU", "cpu")
 
 
-def _native_checks(op: str, args: tuple, kwargs: dict) -> None:
-    """The native kernel's argument checks its decomposition lacks (:data:`rules.NATIVE_CHECKS`):
+def _integral_self(args: tuple) -> bool:
+    import torch
+
+    return bool(args) and isinstance(args[0], torch.Tensor) and not (args[0].is_floating_point() or args[0].is_complex())
+
+
+def _native_checks(op: str, overload: Any, args: tuple, kwargs: dict) -> None:
+    """The native kernel's argument checks its decomposition lacks (:data:`rules.NATIVE_CHECKS`, and
+    the written-to tensor's internal overlap every kernel but :data:`rules.OVERLAP_WARNS` refuses):
     torch's own error, as the kernel raises it."""
+    import torch
+
     base = op.partition("::")[2].partition(".")[0].rstrip("_")
+    if base not in rules.OVERLAP_WARNS:
+        schema_args = overload._schema.arguments
+        for i, a in enumerate(schema_args):
+            if a.alias_info is None or not a.alias_info.is_write:
+                continue
+            v = args[i] if i < len(args) else kwargs.get(a.name)
+            if isinstance(v, torch.Tensor) and torch._debug_has_internal_overlap(v) == 1:  # MemOverlap::Yes
+                raise RuntimeError(rules.INTERNAL_OVERLAP_MESSAGE)
     check = rules.NATIVE_CHECKS.get(base)
     if check is None:
         return
-    import torch
-
     kind, message = check
     tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
     if kind == "same_dtype" and len({t.dtype for t in tensors}) > 1:

@@ -18,6 +18,9 @@ __all__ = [
     "host_selected",
     "RAISING_COMPOSITES",
     "NATIVE_CHECKS",
+    "OVERLAP_WARNS",
+    "FLOATING_ONLY_DECOMPOSITIONS",
+    "INTERNAL_OVERLAP_MESSAGE",
     "DEVICE_REFUSING_COMPOSITES",
 ]
 
@@ -38,6 +41,16 @@ NATIVE_CHECKS: dict[str, tuple[str, str]] = {
     "heaviside": ("same_dtype", "heaviside is not yet implemented for tensors with different dtypes."),
 }
 
+# In-place ops whose native kernels (CPU and CUDA) only warn, not raise, when the written tensor's elements
+# overlap (an expanded self: "Use of index_put_ on expanded tensors is deprecated"); every other op's kernel
+# raises aten's "more than one element of the written-to tensor refers to a single memory location" (its
+# TensorIterator or an explicit assert_no_internal_overlap), which a torch._decomp reference does not:
+# index_add_'s decomposition (index_put_ with accumulate) only warned on the emulated npu (test_torch's
+# test_index_add_mem_overlap).
+OVERLAP_WARNS: frozenset[str] = frozenset({"index_put", "masked_fill", "index_fill", "masked_scatter"})
+INTERNAL_OVERLAP_MESSAGE = ("unsupported operation: more than one element of the written-to tensor refers to a "
+                            "single memory location. Please clone() the tensor before performing the operation.")
+
 # CompositeExplicitAutograd kernels that refuse every device but the in-tree ones they name: on another
 # device (PrivateUse1: npu) the composite only raises, so the op runs on the CPU there. op -> (the device
 # keys the kernel accepts, why). Found by PyTorch's test_reductions on the emulated npu.
@@ -55,6 +68,14 @@ TRAINING_UNSAFE_DECOMPOSITIONS: dict[str, str] = {
     "aten::_scaled_dot_product_flash_attention_for_cpu": (
         "export-only decomposition: returns the attention weights where autograd expects the "
         "logsumexp (gradient errors of 2.9e6 on a tiny SD UNet, 0.61 on a BERT-like model)"),
+}
+
+# torch._decomp entries that compute in floating point only, where the native kernel also takes integer
+# tensors: for an integer self the decomposition is declined and the op falls back (its own kernel runs).
+# geometric_'s reference draws uniform_ on self's dtype ("check_uniform_bounds" not implemented for 'Int');
+# CUDA's and the CPU's geometric_ fill integer tensors (test_torch's test_geometric on the emulated npu).
+FLOATING_ONLY_DECOMPOSITIONS: dict[str, str] = {
+    "aten::geometric_": "its torch._decomp reference draws uniform_ in self's dtype, which integer dtypes lack",
 }
 
 # Ops that read or set tensor metadata only (no element is computed): they run wherever the
