@@ -106,7 +106,9 @@ def test_emulated_rules_drop_the_one_device_classes():
     # boolean device comparisons (test_modules' test_to/test_to_empty, test_torch's GradScaler) name the device
     for text in ("AssertionError: False is not true\n    self.assertTrue(a._scale.device.type == device.type)",
                  "AssertionError: False is not true\n    self.assertTrue(all(p.device.type == device_ for p in "
-                 "m.parameters()))"):
+                 "m.parameters()))",
+                 "AssertionError: False is not true\n    self.assertTrue(mw._base[0][0].device.type == \"cuda\")",
+                 "AssertionError: False is not true\n    self.assertTrue(packed.is_cuda)"):
         assert "named cuda" in run.classify(text, rules)[0], text
     assert run.classify("AssertionError: False is not true\n    self.assertTrue(ok)", rules) == run.OTHER
     assert run.classify("TypeError: map_ is only implemented on CPU tensors", rules)[1] == run.BY_DESIGN

@@ -418,3 +418,52 @@ done()
     bad = subprocess.run([sys.executable, "-c", textwrap.dedent(START)], capture_output=True, text=True,
                          env=dict(env, TORCH_ADAPTER_EMULATED_MEMORY="lots"), timeout=300)
     assert bad.returncode != 0 and "TORCH_ADAPTER_EMULATED_MEMORY: expected a positive size" in bad.stderr
+
+
+def test_sync_batchnorm_kernels_packed_sequences_nested_transformer_and_declined_decompositions():
+    """test_nn on the emulated npu: SyncBatchNorm's kernels (batch_norm_stats & co., CUDA-only in torch,
+    listed by Ascend) reached the CPU, which has none; pack_padded_sequence refused its host lengths
+    ("lengths is on cpu") and adopted the host batch_sizes; TransformerEncoder's nested-tensor fast path
+    had no NestedTensornpu kernels; torch._decomp references were wrong for a 0-dim index_add_ index
+    (AdaptiveLogSoftmax's backward) and a 1-d multi_margin_loss input. Each against the CPU's answer."""
+    r = results("""
+import torch.nn.functional as F
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+torch.manual_seed(0)
+x = torch.randn(4, 3, 5, 6); w = torch.randn(3); b = torch.randn(3); go = torch.randn(4, 3, 5, 6)
+xd, wd, bd, god = (t.to("cuda") for t in (x, w, b, go))
+mean, invstd = torch.batch_norm_stats(xd, 1e-5)
+rm, rv = torch.zeros(3, device="cuda"), torch.ones(3, device="cuda")
+cnt = torch.tensor([float(x.numel() // 3)], device="cuda")
+gm, gi = torch.batch_norm_gather_stats_with_counts(xd, mean[None], invstd[None], rm, rv, 0.1, 1e-5, cnt)
+y = torch.batch_norm_elemt(xd, wd, bd, gm, gi, 1e-5)
+sdy, sdyx, gw, gb = torch.batch_norm_backward_reduce(god, xd, gm, gi, wd, True, True, True)
+gx = torch.batch_norm_backward_elemt(god, xd, gm, gi, wd, sdy, sdyx, cnt.int())
+rm0, rv0 = torch.zeros(3), torch.ones(3)
+xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
+F.batch_norm(xr, rm0, rv0, wr, br, training=True, momentum=0.1, eps=1e-5).backward(go)
+yr = F.batch_norm(x, torch.zeros(3), torch.ones(3), w, b, training=True, eps=1e-5)
+out["syncbn"] = [str(y.device), torch.allclose(y.cpu(), yr, atol=1e-5), torch.allclose(rm.cpu(), rm0),
+                 torch.allclose(rv.cpu(), rv0), torch.allclose(gx.cpu(), xr.grad, atol=1e-5),
+                 torch.allclose(gw.cpu(), wr.grad, atol=1e-4), torch.allclose(gb.cpu(), br.grad, atol=1e-4)]
+s = torch.randn(5, 3, 4)
+p = pack_padded_sequence(s.to("cuda"), torch.tensor([5, 3, 2]))
+out["packed"] = [str(p.data.device), str(p.batch_sizes.device), p.batch_sizes.tolist(),
+                 torch.equal(p.data.cpu(), pack_padded_sequence(s, torch.tensor([5, 3, 2])).data)]
+layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, dropout=0.0)
+enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+src = torch.randn(3, 5, 8)
+mask = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] * 2 + [True] * 3])
+with torch.no_grad():
+    ref = enc(src, src_key_padding_mask=mask)
+    got = enc.to("cuda")(src.to("cuda"), src_key_padding_mask=mask.to("cuda"))
+out["nested"] = [str(got.device), torch.allclose(got.cpu(), ref, atol=1e-5)]
+z = torch.zeros(5, 16, device="cuda").index_add_(0, torch.tensor(2, device="cuda"), torch.ones(1, 16, device="cuda"))
+out["index_add_0d"] = [z.sum().item(), z[2].sum().item()]
+mm = F.multi_margin_loss(torch.randn(10, device="cuda"), torch.tensor(3, device="cuda"), reduction="none")
+out["multi_margin_1d"] = list(mm.shape)
+""")
+    assert r["syncbn"] == ["npu:0"] + [True] * 6, r["syncbn"]
+    assert r["packed"] == ["npu:0", "cpu", [3, 3, 2, 1, 1], True]
+    assert r["nested"] == ["npu:0", True]
+    assert r["index_add_0d"] == [16.0, 16.0] and r["multi_margin_1d"] == []

@@ -67,7 +67,11 @@ _OWN = frozenset({
 # Copies between devices: their composite kernel runs on the device (it reaches the device's _copy_from).
 # _lazy_clone too: its composite kernel shares the device storage copy-on-write (through a host view the
 # storage would be the view's, which torch's COW cannot wrap: "Expected storage != nullptr").
-_CROSS_DEVICE = frozenset({"copy_", "_to_copy", "lift", "lift_fresh", "lift_fresh_copy", "_lazy_clone"})
+_CROSS_DEVICE = frozenset({"copy_", "_to_copy", "lift", "lift_fresh", "lift_fresh_copy", "_lazy_clone",
+                           # takes its lengths on the host and returns batch_sizes there (CUDA's composite does;
+                           # as an opaque kernel its host result was adopted and the host lengths refused:
+                           # test_nn's test_variable_sequence, "lengths is on cpu")
+                           "_pack_padded_sequence"})
 # A listed op the vendor runs as one fused kernel -> the host kernels that are that kernel on this device.
 # scaled_dot_product_attention: the device's _fused_sdp_choice (the C++ device's stub, where the table lists
 # it) picks flash, and torch's attention then calls the host's fused kernel (routing/kernel_families.py

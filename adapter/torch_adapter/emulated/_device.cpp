@@ -1249,6 +1249,34 @@ TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
          [](const at::Tensor& self, const at::Tensor& dst) { return sparse_copy_from(self, dst, false); });
 }
 
+// Nested tensors on the device: torch's TransformerEncoder fast path accepts PrivateUse1 devices and packs a
+// padded batch into a nested tensor there (test_nn's TransformerEncoder tests: "Could not run
+// '_transformer_encoder_layer_fwd' with arguments from the 'NestedTensornpu' backend"). A nested device
+// tensor is torch's NestedTensorImpl over a device buffer. torch registers its device-generic nested
+// kernels for NestedTensorHPU, an accelerator outside its tree; the structural ones (allocation, copies,
+// metadata: over the buffer's own ops) run here, their pieces on the device. Its computing kernels call the
+// CPU's DispatchStubs (nested_layer_norm: "DispatchStub: missing kernel for npu"), so every other nested op
+// is the host's nested kernel (NestedTensorCPU) through the fallback, counted. Ascend's table lists no
+// nested op.
+const std::unordered_set<std::string> g_nested_structural = {
+    "aten::_to_copy", "aten::empty_like", "aten::copy_", "aten::clone", "aten::detach", "aten::alias",
+    "aten::_nested_tensor_size", "aten::_nested_tensor_strides", "aten::_nested_tensor_storage_offsets",
+    "aten::is_same_size", "aten::_nested_get_values", "aten::values", "aten::unbind", "aten::select",
+    "aten::size", "aten::dim", "aten::numel", "aten::is_contiguous"};
+
+void nested_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (g_nested_structural.count(op.schema().name()) > 0 &&
+      op.hasKernelForDispatchKey(c10::DispatchKey::NestedTensorHPU)) {
+    op.callBoxedForDispatchKey(c10::DispatchKey::NestedTensorHPU, *stack);
+    return;
+  }
+  fallback_on(op, stack, c10::DispatchKey::NestedTensorCPU);
+}
+
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&nested_fallback>());
+}
+
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
 }

@@ -231,8 +231,8 @@ class Engine:
                 out = NotImplemented
                 if d.op in st.stack:  # the decomposition calls the op itself
                     d = _declined(d, "its torch._decomp decomposition calls the op itself")
-                elif d.op in rules.FLOATING_ONLY_DECOMPOSITIONS and _integral_self(args):
-                    d = _declined(d, rules.FLOATING_ONLY_DECOMPOSITIONS[d.op] + " (an integer tensor here)")
+                elif d.op in rules.DECLINED_DECOMPOSITIONS and rules.DECLINED_DECOMPOSITIONS[d.op][0](args):
+                    d = _declined(d, rules.DECLINED_DECOMPOSITIONS[d.op][1] + " (these arguments)")
                 else:
                     out = self._decompose(d, op, args, kwargs)
                     if out is NotImplemented:
@@ -420,12 +420,6 @@ class Engine:
 @functools.lru_cache(maxsize=None)
 def _declined(d: RouteDecision, why: str) -> RouteDecision:
     return RouteDecision(d.op, Route.FALLBACK, f"{d.reason.split(';')[0]}; {why}, so this call runs on the CPU", "cpu")
-
-
-def _integral_self(args: tuple) -> bool:
-    import torch
-
-    return bool(args) and isinstance(args[0], torch.Tensor) and not (args[0].is_floating_point() or args[0].is_complex())
 
 
 def _native_checks(op: str, overload: Any, args: tuple, kwargs: dict) -> None:

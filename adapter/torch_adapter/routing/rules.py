@@ -8,6 +8,8 @@ metadata — is one line with its evidence, not a code change.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "TRAINING_UNSAFE_DECOMPOSITIONS",
     "METADATA_OPS",
@@ -19,7 +21,7 @@ __all__ = [
     "RAISING_COMPOSITES",
     "NATIVE_CHECKS",
     "OVERLAP_WARNS",
-    "FLOATING_ONLY_DECOMPOSITIONS",
+    "DECLINED_DECOMPOSITIONS",
     "INTERNAL_OVERLAP_MESSAGE",
     "DEVICE_REFUSING_COMPOSITES",
 ]
@@ -70,12 +72,33 @@ TRAINING_UNSAFE_DECOMPOSITIONS: dict[str, str] = {
         "logsumexp (gradient errors of 2.9e6 on a tiny SD UNet, 0.61 on a BERT-like model)"),
 }
 
-# torch._decomp entries that compute in floating point only, where the native kernel also takes integer
-# tensors: for an integer self the decomposition is declined and the op falls back (its own kernel runs).
-# geometric_'s reference draws uniform_ on self's dtype ("check_uniform_bounds" not implemented for 'Int');
-# CUDA's and the CPU's geometric_ fill integer tensors (test_torch's test_geometric on the emulated npu).
-FLOATING_ONLY_DECOMPOSITIONS: dict[str, str] = {
-    "aten::geometric_": "its torch._decomp reference draws uniform_ in self's dtype, which integer dtypes lack",
+# torch._decomp entries that are wrong for some arguments the native kernel takes: for those the
+# decomposition is declined and the op falls back (its own kernel runs). op -> (the arguments, as a test
+# over the positional arguments, and why). Found by PyTorch's test_torch / test_nn on the emulated npu.
+def _integral_self(args: tuple) -> bool:
+    a = args[0] if args else None
+    return hasattr(a, "is_floating_point") and not (a.is_floating_point() or a.is_complex())
+
+
+def _zero_dim_index(args: tuple) -> bool:
+    return len(args) > 2 and hasattr(args[2], "dim") and args[2].dim() == 0
+
+
+def _one_dim_input(args: tuple) -> bool:
+    return bool(args) and hasattr(args[0], "dim") and args[0].dim() <= 1
+
+
+DECLINED_DECOMPOSITIONS: dict[str, tuple[Any, str]] = {
+    # CUDA's and the CPU's geometric_ fill integer tensors (test_torch's test_geometric)
+    "aten::geometric_": (_integral_self, "its torch._decomp reference draws uniform_ in self's dtype, which an "
+                                         "integer tensor lacks"),
+    # a 0-dim index adds one slice (AdaptiveLogSoftmax's backward: "value tensor of shape [1, 16] cannot be
+    # broadcast to indexing result of shape [16]")
+    "aten::index_add_": (_zero_dim_index, "its torch._decomp reference indexes with a 0-dim index as a scalar"),
+    "aten::index_add": (_zero_dim_index, "its torch._decomp reference indexes with a 0-dim index as a scalar"),
+    # a 1-d input with a 0-d target: the kernel's result is 0-dim, the reference's has shape [1]
+    "aten::multi_margin_loss": (_one_dim_input, "its torch._decomp reference returns shape [1] for a 1-d input "
+                                                "where the kernel returns a 0-dim result"),
 }
 
 # Ops that read or set tensor metadata only (no element is computed): they run wherever the
