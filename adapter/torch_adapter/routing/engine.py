@@ -321,7 +321,7 @@ class Engine:
             return args, kwargs
         if not any(t.device.type == "cpu" and t.dim() == 0 for v in values for t in tensors(v)):
             return args, kwargs
-        written = {a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+        written = {name for _, name in _written(op)}
         names = [a.name for a in op._schema.arguments]
 
         def move(name: str, v: Any) -> Any:
@@ -422,6 +422,14 @@ def _declined(d: RouteDecision, why: str) -> RouteDecision:
     return RouteDecision(d.op, Route.FALLBACK, f"{d.reason.split(';')[0]}; {why}, so this call runs on the CPU", "cpu")
 
 
+@functools.lru_cache(maxsize=None)
+def _written(overload: Any) -> tuple[tuple[int, str], ...]:
+    """(position, name) of the arguments ``overload``'s schema marks written (out=, in-place self):
+    read once per op, not per call."""
+    return tuple((i, a.name) for i, a in enumerate(overload._schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write)
+
+
 def _native_checks(op: str, overload: Any, args: tuple, kwargs: dict) -> None:
     """The native kernel's argument checks its decomposition lacks (:data:`rules.NATIVE_CHECKS`, and
     the written-to tensor's internal overlap every kernel but :data:`rules.OVERLAP_WARNS` refuses):
@@ -430,11 +438,8 @@ def _native_checks(op: str, overload: Any, args: tuple, kwargs: dict) -> None:
 
     base = op.partition("::")[2].partition(".")[0].rstrip("_")
     if base not in rules.OVERLAP_WARNS:
-        schema_args = overload._schema.arguments
-        for i, a in enumerate(schema_args):
-            if a.alias_info is None or not a.alias_info.is_write:
-                continue
-            v = args[i] if i < len(args) else kwargs.get(a.name)
+        for i, name in _written(overload):
+            v = args[i] if i < len(args) else kwargs.get(name)
             if isinstance(v, torch.Tensor) and torch._debug_has_internal_overlap(v) == 1:  # MemOverlap::Yes
                 raise RuntimeError(rules.INTERNAL_OVERLAP_MESSAGE)
     check = rules.NATIVE_CHECKS.get(base)
