@@ -112,3 +112,9 @@ def test_emulated_rules_drop_the_one_device_classes():
         assert "named cuda" in run.classify(text, rules)[0], text
     assert run.classify("AssertionError: False is not true\n    self.assertTrue(ok)", rules) == run.OTHER
     assert run.classify("TypeError: map_ is only implemented on CPU tensors", rules)[1] == run.BY_DESIGN
+    # a module left on the CPU with inputs on the device: the device's kernel reports the mixing first
+    mixed = ('AssertionError: "Expected tensor for argument.*indices" does not match "Expected all tensors to be '
+             'on the same device, but got indices is on npu:0, different from other tensors on cpu (when checking '
+             'argument in method wrapper_npu_aten::embedding)"')
+    assert run.classify(mixed, rules) == (run.MIXED_INPUT_CLASS, run.BY_DESIGN)
+    assert run.classify(mixed, run.RULES) == run.OTHER  # on the CPU target nothing can mix

@@ -189,12 +189,15 @@ def test_run_report_says_graphs_were_emulated_and_where(tmp_path):
         "x.fill_(1.0)\n"
         "g.replay()\n"
         "assert y.tolist() == [[2.0, 2.0], [2.0, 2.0]], y\n")
-    res = run_cli("run", "--report", str(script))
+    res = run_cli("run", "--report", "full", str(script))
     assert res.returncode == 0, res.stderr
     err = " ".join(res.stderr.split())
     assert "graphed.py:4" in err and "torch.cuda.graph capture" in err and "emulated on cpu" in err
     assert "graphed.py:7" in err and "torch.cuda.CUDAGraph.replay()" in err
-    assert "aten::mm" in err  # the replayed op is routed and counted like any other
+    assert "aten::mm" in err  # the replayed op is routed and counted like any other (the full tables)
+    short = run_cli("run", "--report", str(script))  # the one-screen report names the capture and the replay
+    assert short.returncode == 0, short.stderr
+    assert "graphed.py:4: torch.cuda.graph capture" in short.stderr and "graphed.py:7: torch.cuda.CUDAGraph.replay()" in short.stderr
 
 
 def test_uninstall_restores_torch_graph_api_and_optimizers():

@@ -467,3 +467,59 @@ out["multi_margin_1d"] = list(mm.shape)
     assert r["packed"] == ["npu:0", "cpu", [3, 3, 2, 1, 1], True]
     assert r["nested"] == ["npu:0", True]
     assert r["index_add_0d"] == [16.0, 16.0] and r["multi_margin_1d"] == []
+
+
+def test_float16_device_kernel_the_host_lacks_computes_in_float32():
+    """test_nn's NewModuleTest half() branch (TestNN.test_MultiLabelMarginLoss_no_reduce): Ascend's
+    table lists multilabel_margin_loss as the device's own, but the CPU kernel that the emulated
+    device kernel runs has no float16/bfloat16 case ("not implemented for 'Half'"). The device kernel
+    computes it in float32 and rounds to the argument's dtype; an op the vendor lacks (its backward,
+    a fallback) keeps the host's refusal, as on the real device."""
+    r = results("""
+torch.manual_seed(0)
+x = torch.randn(3, 5); t = torch.tensor([[3, 0, -1, 1, 2]] * 3)
+for dt in (torch.float16, torch.bfloat16):
+    y = torch.nn.functional.multilabel_margin_loss(x.to(dt).cuda(), t.cuda(), reduction="none")
+    ref = torch.nn.functional.multilabel_margin_loss(x.to(dt).float(), t, reduction="none").to(dt)
+    out[str(dt)] = [str(y.device), str(y.dtype), torch.equal(y.cpu(), ref)]
+xg = x.half().cuda().requires_grad_()
+try:
+    torch.nn.functional.multilabel_margin_loss(xg, t.cuda()).backward()
+    out["backward"] = "ran"
+except NotImplementedError as e:
+    out["backward"] = str(e).splitlines()[0]
+try:  # a float32 kernel error is not widened or hidden
+    torch.nn.functional.multilabel_margin_loss(x.cuda(), t[:, :2].cuda())
+    out["bad_shape"] = "ran"
+except RuntimeError as e:
+    out["bad_shape"] = type(e).__name__
+""")
+    assert r["torch.float16"] == ["npu:0", "torch.float16", True]
+    assert r["torch.bfloat16"] == ["npu:0", "torch.bfloat16", True]
+    assert "multilabel_margin_loss_backward" in r["backward"] and "'Half'" in r["backward"]
+    assert r["bad_shape"] == "RuntimeError"
+
+
+def test_a_decomposition_refusing_its_arguments_gives_the_kernels_error():
+    """test_modules' test_errors_nn_MultiMarginLoss: multi_margin_loss is not in Ascend's table, so the
+    adapter decomposes it; torch._decomp's reference checks the target with its own message
+    ("inconsistent target size") where CPU and CUDA kernels say "target tensor should be 1-D ...". A
+    decomposition that raises gives way to the kernel: its error (or its result); a cross-device error
+    stays the decomposition's (the host kernel would not see the mixing)."""
+    r = results("""
+m = torch.nn.MultiMarginLoss()
+x = torch.randn(5, 10)
+def err(f):
+    try:
+        f(); return "ran"
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+out["device"] = err(lambda: m(x.cuda(), torch.zeros(3, dtype=torch.long).cuda()))
+out["cpu"] = err(lambda: m(x, torch.zeros(3, dtype=torch.long)))
+t = torch.zeros(5, dtype=torch.long)
+out["value"] = torch.allclose(m(x.cuda(), t.cuda()).cpu(), m(x, t))
+out["mixed"] = err(lambda: torch.nn.functional.multi_margin_loss(x.cuda(), t))
+""")
+    assert r["device"] == r["cpu"] and "target tensor should be 1-D" in r["device"], r
+    assert r["value"] is True
+    assert "same device" in r["mixed"], r["mixed"]

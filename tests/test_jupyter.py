@@ -189,7 +189,7 @@ def test_a_fallback_site_names_the_cell_and_line(ip):
 def test_adapter_compare_interleaves_and_keeps_the_data(ip):
     run(ip, "import torch\nm = torch.nn.Linear(32, 32).cuda()\nxx = torch.randn(16, 32, device='cuda')")
     with capture_output() as cap:
-        returned = ip.run_cell_magic("adapter_compare", "--configs redirect,adapted,mps-sim -n 2 --warmup 1",
+        returned = ip.run_cell_magic("adapter_compare", "--configs redirect,adapted,mps-sim -n 2 --warmup 1 --min-time 0",
                                      "for _ in range(3):\n    m(xx).sum().backward()\n")
     assert returned is None  # no dict of floats echoed under the chart
     result = ip.user_ns["_adapter_compare"]
@@ -203,6 +203,9 @@ def test_adapter_compare_interleaves_and_keeps_the_data(ip):
     assert current().target.name == "cpu" and not current().target.simulated
     (data,) = [o.data for o in cap.outputs if "application/vnd.jupyter.widget-view+json" in o.data]
     assert data["text/plain"].startswith("throughput kept vs redirect")
+    for name in ("adapted", "mps-sim"):  # absolute times, run counts and a verdict beside each ratio
+        assert re.search(rf"{name}: \d+ % \(\d+-\d+\) +[\d.]+ ms \([\d.]+-[\d.]+\) +2 runs  not resolved",
+                         data["text/plain"]), data["text/plain"]
     assert data["text/html"].count("torch-adapter-value") == 3 and "Baseline (100 %): <b>redirect</b>" in data["text/html"]
 
 
@@ -211,7 +214,7 @@ def test_adapter_compare_says_why_the_baseline_moved(ip):
         pytest.skip("plain CUDA works on this machine")
     run(ip, "import torch")
     with capture_output() as cap:
-        ip.run_cell_magic("adapter_compare", "--configs plain,redirect -n 1 --warmup 0",
+        ip.run_cell_magic("adapter_compare", "--configs plain,redirect -n 1 --warmup 0 --min-time 0",
                           "torch.ones(2, device='cuda')\n")
     result = ip.user_ns["_adapter_compare"]
     assert result["redirect"]["error"] is None and result["redirect"]["kept"] == 1.0
@@ -221,10 +224,58 @@ def test_adapter_compare_says_why_the_baseline_moved(ip):
     assert "plain: could not run" in data["text/plain"]
 
 
+def test_comparison_rows_are_measurements():
+    """The rows' statistics from known runs: median and quartiles, a bootstrap interval of throughput
+    kept that the same runs always reproduce, a verdict only where the runs resolve it, stalls named."""
+    from torch_adapter.jupyter.compare import summarize
+
+    base = [1.00, 1.02, 0.98, 1.01, 0.99, 1.00, 1.03]
+    slow = [2.00, 2.04, 1.96, 2.02, 1.98, 2.00, 2.06]
+    same = [1.01, 0.97, 1.03, 0.99, 1.02, 1.00, 0.98]
+    noisy = [0.5, 1.5, 0.9, 1.4, 0.6, 1.1, 1.3]
+    stall = [1.00, 1.01, 0.99, 1.00, 1.02, 1.01, 9.0]
+    rows = summarize({"redirect": base, "adapted": slow, "again": same, "noisy": noisy, "stall": stall,
+                      "broken": []}, {"broken": "RuntimeError: no"})
+    assert rows["redirect"]["verdict"] == "baseline" and rows["redirect"]["kept"] == 1.0
+    a = rows["adapted"]
+    assert a["median_s"] == 2.00 and a["q1_s"] == 1.98 and a["q3_s"] == 2.03 and a["n"] == 7
+    assert a["kept_low"] < a["kept"] == 0.5 < a["kept_high"] < 0.52
+    assert a["verdict"] == f"slower: {a['kept_low'] * 100:.0f}-{a['kept_high'] * 100:.0f} % kept"
+    assert summarize({"redirect": base, "adapted": slow})["adapted"]["kept_low"] == a["kept_low"]  # reproducible
+    assert rows["again"]["verdict"].startswith("not resolved") and rows["again"]["kept_low"] <= 1.0 <= rows["again"]["kept_high"]
+    assert rows["noisy"]["verdict"].startswith("not resolved")
+    assert rows["stall"]["outliers"] == [9.0] and not rows["adapted"]["outliers"]
+    assert rows["broken"]["verdict"] == "could not run" and rows["broken"]["median_s"] is None
+    assert summarize({"a": [1.0, 1.1], "b": [2.0, 2.1]})["b"]["verdict"] == "not resolved (fewer than 3 runs)"
+
+
+def test_compare_rotates_the_order_and_runs_at_least_min_time():
+    """Rounds rotate which configuration runs first; rounds go on until the timed runs add up to
+    ``min_time_s`` (a 5 ms cell, 0.2 s: about 40 runs, not -n's 3)."""
+    import time as _time
+
+    from torch_adapter.jupyter.compare import compare
+
+    order: list[str] = []
+    from torch_adapter.session import current
+
+    def cell():
+        s = current()
+        order.append("plain" if s is None else "redirect")
+        _time.sleep(0.005)
+
+    rows = compare(cell, ["plain", "redirect"], n=3, warmup=1, min_time_s=0.2)
+    assert rows["plain"]["n"] >= 3 and rows["plain"]["n"] + rows["redirect"]["n"] >= 0.2 / 0.006
+    firsts = order[::2]
+    assert "plain" in firsts and "redirect" in firsts  # each takes the first place in some rounds
+    assert current() is None
+
+
 @pytest.mark.parametrize("line,match", [
     ("--configs fast,slow", "unknown configuration 'fast'"),
     ("--configs adapted,adapted", "names a configuration twice"),
     ("-n 0", "expected -n >= 1"),
+    ("--min-time -1", "--min-time >= 0"),
 ])
 def test_adapter_compare_bad_arguments(ip, line, match):
     with pytest.raises(UsageError, match=match):

@@ -394,8 +394,11 @@ def test_port_routing_per_cell_and_compare(port):
     assert any(WIDGET in o.get("data", {}) for o in cell(nb, "compare").outputs)  # the chart
     summary = text(cell(nb, "compare-read"))
     assert "plain: did not run" in summary and re.search(r"redirect: +100\.0%", summary)
-    assert re.search(r"adapted: +[\d.]+%", summary) and re.search(r"mps-sim: +[\d.]+%", summary)
-    assert re.search(r"npu-sim: +[\d.]+%", summary)
+    for name in ("adapted", "mps-sim", "npu-sim"):  # each ratio with its interval, run count and verdict
+        assert re.search(rf"{name}: +[\d.]+% of the baseline's throughput \(\d+%-\d+%\), +\d+ ms per step over "
+                         rf"\d+ runs: (slower: \d+-\d+ % kept|faster: \d+-\d+ % kept|not resolved \(.*\))$",
+                         summary, re.M), summary
+    assert re.search(r"redirect: .* runs: baseline$", summary, re.M)
 
 
 @pytest.mark.slow

@@ -164,3 +164,22 @@ def setting(option: str, value: str, where: str) -> str:
     if where == "cli" and option in _FLAGS:
         return f"`torch-adapter run {_FLAGS[option].format(value=value)} ...`"
     return f"`torch_adapter.configure({option}={value!r})`"
+
+
+def target_choice(name: str, where: str, *, simulate: bool = False, emulate: bool = False) -> str:
+    """How a user ``where`` ("notebook", "cli", "python") picks target ``name`` (previewed with
+    ``simulate``, on the emulated device with ``emulate``): ``torch-adapter run --target mps
+    --simulate SCRIPT``, ``%adapter target mps --simulate``, ``install(target='mps', simulate=True)``."""
+    flag = " --simulate" if simulate else " --emulate" if emulate else ""
+    if where == "cli":
+        return f"`torch-adapter run --target {name}{flag} SCRIPT`"
+    if where == "notebook":
+        return f"`%adapter target {name}{flag}` in a cell"
+    kw = ", simulate=True" if simulate else ", emulate=True" if emulate else ""
+    return f"`torch_adapter.install(target={name!r}{kw})`"
+
+
+def target_call(name: str, where: str) -> str:
+    """What the user called, in their words (the first part of a target error)."""
+    return {"cli": f"torch-adapter run --target {name}", "notebook": f"%adapter target {name}"}.get(
+        where, f"torch_adapter.install(target={name!r})")

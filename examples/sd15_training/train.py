@@ -23,6 +23,7 @@ import glob
 import math
 import os
 import re
+import tempfile
 import time
 
 import torch
@@ -43,7 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Stable Diffusion v1.5 fine-tuning (CUDA).")
     parser.add_argument("--config", choices=sorted(CONFIGS), default="tiny",
                         help="model sizes: 'tiny' (seconds per step on a CPU) or 'full' (real SD v1.5, GPU).")
-    parser.add_argument("--output-dir", default="sd15-finetuned", help="checkpoints, tokenizer and final UNet go here.")
+    parser.add_argument("--output-dir", default=os.path.join(tempfile.gettempdir(), "sd15-finetuned"),
+                        help="checkpoints, tokenizer and final UNet go here (default: sd15-finetuned in the "
+                             "system's temporary folder, not the current one).")
     parser.add_argument("--max-steps", type=int, default=1000,
                         help="optimizer steps to train for (in total, across resumes).")
     parser.add_argument("--batch-size", type=int, default=4, help="images per GPU per micro-batch.")

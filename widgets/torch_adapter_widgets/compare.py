@@ -1,4 +1,5 @@
-"""ThroughputComparison: bars of throughput kept per configuration, with the spread over runs."""
+"""ThroughputComparison: throughput kept per configuration as a measurement: the median of the runs,
+its 95 % interval, absolute times and run counts, and a verdict only where the runs resolve one."""
 
 from __future__ import annotations
 
@@ -29,19 +30,20 @@ class ThroughputComparison(w.VBox):
 
     def _bars(self) -> tuple[list[str], list[float], list[float], list[float]]:
         ok = {k: v for k, v in self.result.items() if v.get("median_s")}
-        base = ok[baseline_of(self.result)]["median_s"] if ok else None
         names = list(ok)
         kept = [ok[k]["kept"] * 100 for k in names]
-        # the spread of throughput kept over the runs: baseline/slowest .. baseline/fastest
-        lows = [base / max(ok[k]["runs_s"]) * 100 for k in names]
-        highs = [base / min(ok[k]["runs_s"]) * 100 for k in names]
+        # whisker: the 95 % bootstrap interval of throughput kept (jupyter/compare.py), not min..max
+        lows = [(ok[k].get("kept_low") or ok[k]["kept"]) * 100 for k in names]
+        highs = [(ok[k].get("kept_high") or ok[k]["kept"]) * 100 for k in names]
         return names, kept, lows, highs
 
     def chart_svg(self) -> str:
         names, kept, lows, highs = self._bars()
-        colors = ["#607d8b"] + ["#1976d2"] * max(0, len(names) - 1)
+        colors = [("#607d8b" if self.result[k].get("baseline") else
+                   "#9e9e9e" if str(self.result[k].get("verdict", "")).startswith("not resolved") else "#1976d2")
+                  for k in names]
         return bars_with_spread(names, kept, lows, highs, colors, title="throughput kept vs the baseline",
-                                subtitle="bar: median of the runs · whisker: spread over the runs")
+                                subtitle="bar: median of the runs · whisker: 95 % interval · grey: not resolved")
 
     def notes_html(self) -> str:
         base = baseline_of(self.result)
@@ -53,18 +55,28 @@ class ThroughputComparison(w.VBox):
             if base != first and first in failed:
                 why = f" — <b>{html.escape(first)}</b>, listed first, could not run here"
             parts.append(f"<div>Baseline (100 %): <b>{html.escape(base)}</b>{why}.</div>")
+        rows = "".join(
+            f"<tr><td><b>{html.escape(k)}</b></td><td>{html.escape(_ms(v))}</td><td>{v['n']}</td>"
+            f"<td>{html.escape(_kept(v))}</td><td>{html.escape(v['verdict'])}</td>"
+            f"<td>{html.escape(_stalls(v))}</td></tr>"
+            for k, v in self.result.items() if v.get("median_s"))
+        if rows:
+            parts.append("<table class='torch-adapter-compare-table'><tr><th>config</th><th>median (IQR)</th>"
+                         f"<th>runs</th><th>kept (95 % interval)</th><th>verdict</th><th>stalls</th></tr>{rows}</table>")
         for k, err in failed.items():
             parts.append(f"<div>⚠ <b>{html.escape(k)}</b> could not run: <code>{html.escape(err)}</code></div>")
         return "".join(parts)
 
     def text(self) -> str:
         base = baseline_of(self.result)
-        lines = [f"throughput kept vs {base or '(nothing ran)'} (median of runs)"]
+        lines = [f"throughput kept vs {base or '(nothing ran)'}: median of interleaved runs, 95 % interval"]
         for k, v in self.result.items():
             if v.get("error"):
                 lines.append(f"{k:>12}: could not run: {v['error']}")
             elif v.get("median_s"):
-                lines.append(f"{k:>12}: {v['kept'] * 100:6.1f} %  ({v['median_s'] * 1e3:.1f} ms per run)")
+                stalls = _stalls(v)
+                lines.append(f"{k:>12}: {_kept(v):<22} {_ms(v):<24} {v['n']:>3} runs  {v['verdict']}"
+                             + (f"  [{stalls}]" if stalls else ""))
         return "\n".join(lines)
 
     def html(self) -> str:
@@ -75,3 +87,24 @@ class ThroughputComparison(w.VBox):
         data["text/plain"] = self.text()
         data["text/html"] = self.html()
         return data
+
+
+def _ms(v: dict[str, Any]) -> str:
+    """``1.23 ms (1.20-1.31)``: the median run and its quartiles."""
+    def f(x: float) -> str:
+        return f"{x * 1e3:.3g}"
+    q1, q3 = v.get("q1_s"), v.get("q3_s")
+    return f"{f(v['median_s'])} ms" + (f" ({f(q1)}-{f(q3)})" if q1 is not None and v.get("n", 0) > 1 else "")
+
+
+def _kept(v: dict[str, Any]) -> str:
+    if v.get("baseline"):
+        return "100 % (baseline)"
+    lo, hi = v.get("kept_low"), v.get("kept_high")
+    rng = f" ({lo * 100:.0f}-{hi * 100:.0f})" if lo is not None and hi is not None else ""
+    return f"{v['kept'] * 100:.0f} %{rng}"
+
+
+def _stalls(v: dict[str, Any]) -> str:
+    out = v.get("outliers") or []
+    return f"{len(out)} stalled run{'s' if len(out) != 1 else ''} (up to {max(out) * 1e3:.3g} ms)" if out else ""

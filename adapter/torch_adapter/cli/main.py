@@ -40,7 +40,10 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--emulate", action="store_true",
                    help="execute on an emulated TARGET (npu): a real out-of-tree device built by the project, whose "
                         "memory is host memory; ops the vendor's table lacks really fall back (copied to the CPU)")
-    p.add_argument("--report", action="store_true", help="print what was redirected and how ops were routed at exit")
+    p.add_argument("--report", action="store_true",
+                   help="print a one-screen report at exit (routing totals, fallbacks with their lines, what was "
+                        "redirected, what to do next); `--report full` prints every table")
+    p.add_argument("--report-full", action="store_true", help=argparse.SUPPRESS)  # what `--report full` becomes
     p.add_argument("--report-json", metavar="PATH", help="write the routing log (and redirects) as JSON to PATH")
     p.add_argument("--amp-dtype", default="auto", choices=("auto", "float16", "bfloat16", "float32"),
                    help="what autocast('cuda', float16) becomes (default auto: the program's own dtype)")
@@ -84,8 +87,9 @@ def _run(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {} if args.device_count is None else {"device_count": args.device_count}
     if args.emulate:
         extra["emulate"] = True
+    report: bool | str = "full" if args.report_full else "summary" if args.report else False
     return run_script(args.script, args.args, module=args.module, target=args.target, simulate=args.simulate,
-                      report=args.report, report_json=args.report_json, amp_dtype=args.amp_dtype,
+                      report=report, report_json=args.report_json, amp_dtype=args.amp_dtype,
                       fallback=args.fallback, optimization_level=args.optimize,
                       float16_compute=args.float16_compute, dtype_policy=args.dtype_policy,
                       dtype_check=args.dtype_check, exit_guard=True, **extra)
@@ -141,9 +145,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _report_words(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``run --report full`` (or ``--report=full``) as the hidden ``--report-full`` flag, and
+    ``--report=summary`` as ``--report``: only among run's own options, before SCRIPT (a script's
+    own ``--report full`` is its argument). argparse cannot give ``--report`` an optional value
+    itself: ``--report train.py`` would take the script as the value."""
+    if not argv or argv[0] != "run":
+        return argv
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["run"]
+    takes_value = {o for a in sub._actions if a.option_strings and a.nargs is None for o in a.option_strings}
+    out, i = [argv[0]], 1
+    while i < len(argv):
+        tok = argv[i]
+        if tok in ("--report=full", "--report=summary") or (tok == "--report" and i + 1 < len(argv)
+                                                            and argv[i + 1] in ("full", "summary")):
+            word = tok.partition("=")[2] or argv[i + 1]
+            out.append("--report-full" if word == "full" else "--report")
+            i += 1 if "=" in tok else 2
+            continue
+        if not tok.startswith("-") or tok == "--":  # SCRIPT: the rest is the script's
+            return out + argv[i:]
+        out.append(tok)
+        if tok in takes_value and i + 1 < len(argv):
+            out.append(argv[i + 1])
+            i += 1
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code (see the module docstring)."""
     parser = build_parser()
+    argv = _report_words(parser, list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)  # bad flags: argparse prints usage and exits 2
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)

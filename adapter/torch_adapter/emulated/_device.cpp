@@ -821,6 +821,63 @@ void materialize_device(const c10::IValue& v) {
   }
 }
 
+// A device kernel for a float16/bfloat16 op whose CPU kernel has no such dtype (multilabel_margin_loss,
+// ...: the CPU's AT_DISPATCH lacks Half where the device's kernel, the vendor's, has it): the device
+// computes it in float32 and rounds the results to the argument's dtype, as a device kernel that
+// accumulates in float32 does. Only for ops that write no argument (their results are new tensors);
+// a fallback (an op the vendor lacks) keeps the host's refusal, as on the real device.
+bool is_low_precision(c10::ScalarType t) {
+  return t == c10::ScalarType::Half || t == c10::ScalarType::BFloat16;
+}
+
+bool lacks_dtype(const char* what, c10::ScalarType t) {
+  const std::string needle = std::string("not implemented for '") + c10::toString(t) + "'";
+  return std::strstr(what, needle.c_str()) != nullptr;
+}
+
+c10::IValue widen(const c10::IValue& v, c10::ScalarType t) {
+  if (v.isTensor()) {
+    const at::Tensor& x = v.toTensor();
+    return x.defined() && x.scalar_type() == t ? c10::IValue(x.to(at::kFloat)) : v;
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& x : v.toTensorList()) {
+      out.push_back(x.defined() && x.scalar_type() == t ? x.to(at::kFloat) : x);
+    }
+    return out;
+  }
+  return v;
+}
+
+c10::IValue narrow_result(const c10::IValue& v, c10::ScalarType t) {
+  if (v.isTensor()) {
+    const at::Tensor& x = v.toTensor();
+    return x.defined() && x.scalar_type() == at::kFloat ? c10::IValue(x.to(t)) : v;
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& x : v.toTensorList()) {
+      out.push_back(x.defined() && x.scalar_type() == at::kFloat ? x.to(t) : x);
+    }
+    return out;
+  }
+  return v;
+}
+
+void widened_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t first,
+                    std::vector<c10::IValue> saved, c10::ScalarType t) {
+  stack->resize(first);
+  for (const c10::IValue& v : saved) {
+    stack->push_back(widen(v, t));
+  }
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  const size_t nret = op.schema().returns().size();
+  for (size_t i = stack->size() - nret; i < stack->size(); ++i) {
+    (*stack)[i] = narrow_result((*stack)[i], t);
+  }
+}
+
 void device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const int64_t start = g_count_native.load(std::memory_order_relaxed) ? now_ns() : 0;
   const auto& schema = op.schema();
@@ -837,9 +894,11 @@ void device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   // Written arguments' copy-on-write storages are materialized before any view is made (a view of a
   // read argument on the same storage then sees the materialized memory).
+  bool writes = false;
   for (size_t i = 0; i < n; ++i) {
     const auto* alias = args[i].alias_info();
     if (alias && alias->isWrite()) {
+      writes = true;
       materialize_device((*stack)[first + i]);
     }
   }
@@ -847,11 +906,15 @@ void device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   views.reserve(4);
   std::vector<c10::TensorImpl*> host_inputs;
   bool any_generator = false;
+  std::optional<c10::ScalarType> lowp;  // the first float16/bfloat16 device tensor argument's dtype
   for (size_t i = 0; i < n; ++i) {
     c10::IValue& v = (*stack)[first + i];
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
       if (t.defined() && t.device().type() == kDev) {
+        if (!lowp.has_value() && is_low_precision(t.scalar_type())) {
+          lowp = t.scalar_type();
+        }
         v = host_view(t, views);
       } else if (t.defined()) {
         host_inputs.push_back(t.unsafeGetTensorImpl());
@@ -900,7 +963,19 @@ void device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     // The kernel is the device's: what the CPU kernel calls inside it on host views is not seen
     // (observers, profilers), as a real device kernel's insides are not.
     at::DisableRecordFunctionGuard hidden;
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    if (lowp.has_value() && !writes) {
+      std::vector<c10::IValue> saved(stack->begin() + first, stack->end());
+      try {
+        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+      } catch (const c10::NotImplementedError& e) {
+        if (!lacks_dtype(e.what_without_backtrace(), *lowp)) {
+          throw;
+        }
+        widened_kernel(op, stack, first, std::move(saved), *lowp);
+      }
+    } else {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    }
   }
 
   // Mutated arguments the kernel resized or restrided.

@@ -136,26 +136,31 @@ class AdapterMagics(Magics):
     # -- %%adapter_compare -----------------------------------------------------------------
     @magic_arguments()
     @argument("--configs", default="redirect,adapted", help=f"comma-separated: {CONFIG_HELP}")
-    @argument("-n", type=int, default=5, help="timed runs per configuration (interleaved)")
+    @argument("-n", type=int, default=5, help="at least this many timed runs per configuration (interleaved)")
     @argument("--warmup", type=int, default=1, help="untimed runs per configuration first")
+    @argument("--min-time", type=float, default=1.0,
+              help="more rounds until the timed runs add up to this many seconds (at most 200 rounds)")
     @cell_magic
     def adapter_compare(self, line: str, cell: str) -> None:
         """Run the cell body under several configurations and compare throughput.
 
-        Runs are interleaved (A B C A B C ...) after warm-up; the first configuration that
-        runs is the baseline. Shows a chart of throughput kept (median, spread over runs)
-        and stores ``{config: {"runs_s": [...], "median_s": m, "kept": ratio, "error": str|None}}``
-        as ``_adapter_compare``.
+        Rounds are interleaved (A B C, B C A, ...; the order rotates) after warm-up, at least
+        ``-n`` rounds and ``--min-time`` seconds of timed runs; the first configuration that
+        runs is the baseline. Shows throughput kept per configuration (the median, its 95 %
+        bootstrap interval, absolute times, run counts, stalled runs) with a verdict only where
+        the runs resolve one ("not resolved" otherwise), and stores the rows of
+        :func:`torch_adapter.jupyter.compare.compare` as ``_adapter_compare``.
         """
         args = parse_argstring(self.adapter_compare, line)
-        if args.n < 1 or args.warmup < 0:
-            raise UsageError(f"%%adapter_compare: expected -n >= 1 and --warmup >= 0; got -n {args.n} --warmup {args.warmup}")
+        if args.n < 1 or args.warmup < 0 or args.min_time < 0:
+            raise UsageError("%%adapter_compare: expected -n >= 1, --warmup >= 0 and --min-time >= 0; got "
+                             f"-n {args.n} --warmup {args.warmup} --min-time {args.min_time}")
         configs = parse_configs(args.configs)
         from .compare import compare
 
         code = self._compile(cell)
         result = compare(lambda: exec(code, self.shell.user_ns), configs, n=args.n, warmup=args.warmup,
-                         router=self.router)
+                         min_time_s=args.min_time, router=self.router)
         self.shell.user_ns["_adapter_compare"] = result
         _show_comparison(result)
 
@@ -310,8 +315,9 @@ def _show_comparison(result: dict[str, Any]) -> None:
     try:
         from torch_adapter_widgets import ThroughputComparison
     except ImportError:
-        lines = [f"{k:>12}: kept {v['kept'] * 100:6.1f} %  median {v['median_s'] * 1e3:8.2f} ms"
-                 if v.get("error") is None else f"{k:>12}: failed: {v['error']}" for k, v in result.items()]
+        lines = [f"{k:>12}: could not run: {v['error']}" if v.get("error") else
+                 f"{k:>12}: kept {v['kept'] * 100:5.0f} % ({v['kept_low'] * 100:.0f}-{v['kept_high'] * 100:.0f})  "
+                 f"median {v['median_s'] * 1e3:.3g} ms of {v['n']} runs  {v['verdict']}" for k, v in result.items()]
         display({"text/plain": "\n".join(lines)}, raw=True)
         return
     display(ThroughputComparison(result))

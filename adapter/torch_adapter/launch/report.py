@@ -13,15 +13,50 @@ from . import child_report as _child_report
 __all__ = ["write"]
 
 
-def write(records: list[dict[str, Any]], to_terminal: bool, json_path: str | None, *,
+def write(records: list[dict[str, Any]], to_terminal: bool | str, json_path: str | None, *,
           session: Any = None, log: Any = None) -> None:
     """``records``: the children's reports; ``session``/``log``: this process's own, when it ran
-    the script (``run SCRIPT``), None when it only launched others (``run torchrun ...``)."""
+    the script (``run SCRIPT``), None when it only launched others (``run torchrun ...``).
+    ``to_terminal``: False, ``"summary"`` (True too: launch/summary.py, one screen) or ``"full"``
+    (every table)."""
     reported = _child_report.reported(records)
     if json_path:
         _write_json(records, reported, json_path, session, log)
-    if to_terminal:
+    if to_terminal == "full":
         _render(records, reported, session, log)
+    elif to_terminal:
+        _render_summary(records, reported, session, log)
+
+
+def _render_summary(records: list[dict[str, Any]], reported: list[dict[str, Any]], session: Any, log: Any) -> None:
+    from ..routing.log import RoutingLog, target_label
+    from .summary import summary_lines
+
+    if session is not None and (log is not None and len(log) or not reported):
+        t = session.target
+        who = _child_report.this_process()
+        lines = summary_lines(log, [e.as_dict() for e in session.redirect_log.entries()],
+                              target=target_label(t.name, t.simulated, getattr(t, "emulated", False)))
+        if who:
+            lines[0] = lines[0].replace("torch_adapter on", f"torch_adapter, {who}, on", 1)
+        print("\n".join(lines), file=sys.stderr)
+        return
+    if session is not None:
+        print(f"torch_adapter: this process ran no ops itself; {len(reported)} adapted child process(es) did:",
+              file=sys.stderr)
+    from ..routing.log import counts_text
+
+    total, redirects = RoutingLog(), []
+    for r in reported:  # a line each, then the children together (--report full has each one's tables)
+        log_r = RoutingLog.from_dict(r["routing"])
+        print(f"torch_adapter, {_child_report.label(r)}: {counts_text(log_r.summary())} op calls", file=sys.stderr)
+        total.merge(log_r)
+        redirects += r.get("redirects", [])
+    targets = sorted({str(r.get("target", "?")) for r in reported})
+    lines = summary_lines(total, redirects, target=", ".join(targets) or "?")
+    if len(reported) > 1:
+        lines[0] = lines[0].replace("torch_adapter on", f"torch_adapter, all {len(reported)} processes together, on", 1)
+    print("\n".join(lines), file=sys.stderr)
 
 
 def _write_json(records: list[dict[str, Any]], reported: list[dict[str, Any]], json_path: str,

@@ -121,7 +121,13 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
             from ..core.safe_io import check_output
 
             report_json = str(check_output(report_path(report_json), call="torch-adapter run --report-json"))
-        session = install(target, simulate=simulate, propagate=True, **options)
+        from ..core.callsite import front
+
+        front.append("cli")  # a target error's fix in run's flags
+        try:
+            session = install(target, simulate=simulate, propagate=True, **options)
+        finally:
+            front.pop()
     except AdapterError as exc:
         msg = str(exc)
         print(msg if msg.startswith("torch-adapter") else f"torch-adapter run: {msg}", file=sys.stderr)

@@ -234,7 +234,19 @@ class Engine:
                 elif d.op in rules.DECLINED_DECOMPOSITIONS and rules.DECLINED_DECOMPOSITIONS[d.op][0](args):
                     d = _declined(d, rules.DECLINED_DECOMPOSITIONS[d.op][1] + " (these arguments)")
                 else:
-                    out = self._decompose(d, op, args, kwargs)
+                    try:
+                        out = self._decompose(d, op, args, kwargs)
+                    except (RuntimeError, IndexError, ValueError, TypeError) as exc:
+                        if isinstance(exc, (FallbackError, self._torch.OutOfMemoryError)) or _written(op) \
+                                or _device_mixing(exc):
+                            raise
+                        # the reference refused these arguments: the kernel's own answer (its message, which
+                        # CUDA's kernel shares, or its result where the reference is stricter)
+                        d = _declined(d, "its torch._decomp decomposition raised for these arguments")
+                        try:
+                            out, copied = self._cpu(d, op, original, keyset, args, kwargs)
+                        except FallbackError:
+                            raise exc from None
                     if out is NotImplemented:
                         d = _declined(d, "its torch._decomp decomposition returned NotImplemented for these arguments")
                 if out is NotImplemented:
@@ -420,6 +432,12 @@ class Engine:
 @functools.lru_cache(maxsize=None)
 def _declined(d: RouteDecision, why: str) -> RouteDecision:
     return RouteDecision(d.op, Route.FALLBACK, f"{d.reason.split(';')[0]}; {why}, so this call runs on the CPU", "cpu")
+
+
+def _device_mixing(exc: BaseException) -> bool:
+    """A decomposition's piece met tensors on two devices: the program's error, which the host kernel
+    (every tensor copied to the CPU) would not see."""
+    return "same device" in str(exc) or "device type" in str(exc)
 
 
 @functools.lru_cache(maxsize=None)

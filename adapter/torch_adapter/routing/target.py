@@ -236,12 +236,21 @@ def resolve(target: str | Target = "auto", *, simulate: bool = False, emulate: b
         return _simulated(name)
     t = _detect_one(name)
     if not t.present:
+        from ..core.callsite import running_as
+        from ..errors import target_call, target_choice
+
+        where = running_as()
+        emulatable = ""
+        from ..emulated import EMULATABLE
+
+        if name in EMULATABLE:
+            emulatable = f", or execute it on the emulated {name} with {target_choice(name, where, emulate=True)}"
         raise TargetError(format_error(
-            f"torch_adapter.install(target={name!r})", "a target present on this machine",
+            target_call(name, where), "a target present on this machine",
             f"{name!r}, which is absent ({t.details.get('reason', 'not found')})",
             why="redirection needs the backend's device to run on",
-            fix=(f"use one of: {', '.join(_present_names())}; or preview {name} with "
-                 f"install(target={name!r}, simulate=True)")))
+            fix=(f"use one of: {', '.join(target_choice(n, where) for n in _present_names())}; or preview {name}'s "
+                 f"routing with {target_choice(name, where, simulate=True)}{emulatable}")))
     return t
 
 
