@@ -367,7 +367,7 @@ def test_inspector_renders_without_widgets(ip):
     run(ip, CUDA_CELL)
     inspector, cap = _open_inspector(ip)
     (data,) = [o.data for o in cap.outputs if "application/vnd.jupyter.widget-view+json" in o.data]
-    assert data["text/plain"].startswith("torch_adapter RoutingInspector: 1 cells")
+    assert data["text/plain"].startswith("torch_adapter RoutingInspector: 1 cell · ")
     assert "<svg" in data["text/html"] and "aten::linear" in data["text/html"]
     # The widget state is data (a few kB of SVG and HTML), not a JavaScript bundle.
     import ipywidgets

@@ -218,7 +218,7 @@ class RoutingInspector(w.VBox):
     def text(self) -> str:
         """A plain-text rendering: totals per cell and the top ops."""
         t = self.totals()
-        lines = [f"torch_adapter RoutingInspector: {len(self.cells)} cells · "
+        lines = [f"torch_adapter RoutingInspector: {len(self.cells)} {'cell' if len(self.cells) == 1 else 'cells'} · "
                  + " · ".join(f"{t[r]:,} {LONG[r]}" for r in _shown(t)) + " op calls"]
         lines += [f"  cell {c['label']:>6} {c['target']}: "
                   + " · ".join(f"{c['counts'][r]:,} {r if r != 'fallback' else 'CPU'}" for r in _shown(c["counts"]))

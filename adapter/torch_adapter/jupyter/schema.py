@@ -180,7 +180,8 @@ class Status(dict):
             f"  fallback policy  {self['policy']}",
             f"  AMP dtype        {self['amp']}",
             f"  observing        {'on' if self['observing'] else 'off'} (per-cell routing reports)",
-            f"  session          {self['cells']} cells · {counts_text(self, LONG)} op calls"])
+            f"  session          {self['cells']} {'cell' if self['cells'] == 1 else 'cells'} · "
+            f"{counts_text(self, LONG)} op calls"])
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(self.text())
