@@ -118,3 +118,6 @@ def test_emulated_rules_drop_the_one_device_classes():
              'argument in method wrapper_npu_aten::embedding)"')
     assert run.classify(mixed, rules) == (run.MIXED_INPUT_CLASS, run.BY_DESIGN)
     assert run.classify(mixed, run.RULES) == run.OTHER  # on the CPU target nothing can mix
+    fast = ("AssertionError: False is not true\n            fast_path_device = result.is_cuda or result.is_cpu\n"
+            "            self.assertTrue(not np.isnan(result).any())")
+    assert run.classify(fast, rules) == (run.FAST_PATH_CLASS, run.BY_DESIGN)

@@ -523,3 +523,27 @@ out["mixed"] = err(lambda: torch.nn.functional.multi_margin_loss(x.cuda(), t))
     assert r["device"] == r["cpu"] and "target tensor should be 1-D" in r["device"], r
     assert r["value"] is True
     assert "same device" in r["mixed"], r["mixed"]
+
+
+def test_a_fallback_whose_cpu_kernel_lacks_float16_computes_in_float32():
+    """test_nn's TestNN.test_MultiMarginLoss_1d_no_reduce (its half() branch on the device): a 1-d
+    multi_margin_loss declines its decomposition and falls back, and the CPU's kernel has no Half case.
+    The adapter's fallback computes it in float32 on the CPU and rounds the result to float16; the
+    call stays a counted fallback."""
+    r = results("""
+torch.manual_seed(0)
+x = torch.randn(10); t = torch.tensor(3)
+with torch_adapter.trace() as log:
+    y = torch.nn.functional.multi_margin_loss(x.half().cuda(), t.cuda(), reduction="none")
+out["y"] = [str(y.device), str(y.dtype), y.shape == ()]
+out["value"] = torch.equal(y.cpu(), torch.nn.functional.multi_margin_loss(x.half().float(), t, reduction="none").half())
+out["route"] = [r["route"] for r in log.table() if r["op"] == "aten::multi_margin_loss"]
+try:  # an error other than the missing dtype is the kernel's
+    torch.nn.functional.multi_margin_loss(x.half().cuda(), torch.tensor(30).cuda())
+    out["bad"] = "ran"
+except (RuntimeError, IndexError) as e:
+    out["bad"] = type(e).__name__
+""")
+    assert r["y"] == ["npu:0", "torch.float16", True] and r["value"] is True
+    assert r["route"] == ["fallback"], r
+    assert r["bad"] != "ran"

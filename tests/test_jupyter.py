@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 import torch
@@ -201,12 +202,20 @@ def test_adapter_compare_interleaves_and_keeps_the_data(ip):
     from torch_adapter.session import current
 
     assert current().target.name == "cpu" and not current().target.simulated
-    (data,) = [o.data for o in cap.outputs if "application/vnd.jupyter.widget-view+json" in o.data]
+    (data,) = [o.data for o in cap.outputs if "application/vnd.plotly.v1+json" in o.data]
+    assert "application/vnd.jupyter.widget-view+json" not in data  # a saved notebook keeps the chart itself
+    fig = data["application/vnd.plotly.v1+json"]
+    (bars,) = fig["data"]
+    assert bars["x"] == ["redirect", "adapted", "mps-sim"] and bars["y"][0] == 100.0
+    assert [round(y, 2) for y in bars["y"]] == [round(result[c]["kept"] * 100, 2) for c in bars["x"]]
+    assert len(json.dumps(data)) <= 50_000
     assert data["text/plain"].startswith("throughput kept vs redirect")
     for name in ("adapted", "mps-sim"):  # absolute times, run counts and a verdict beside each ratio
         assert re.search(rf"{name}: \d+ % \(\d+-\d+\) +[\d.]+ ms \([\d.]+-[\d.]+\) +2 runs  not resolved",
                          data["text/plain"]), data["text/plain"]
     assert data["text/html"].count("torch-adapter-value") == 3 and "Baseline (100 %): <b>redirect</b>" in data["text/html"]
+    if shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome"):
+        assert "src='data:image/png;base64," in data["text/html"]  # the static chart for nbconvert/GitHub
 
 
 def test_adapter_compare_says_why_the_baseline_moved(ip):

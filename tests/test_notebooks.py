@@ -29,6 +29,7 @@ from conftest import ROOT
 NOTEBOOKS = ROOT / "notebooks"
 NAMES = ["01_quickstart.ipynb", "02_port_stable_diffusion.ipynb", "03_custom_ops.ipynb", "04_debugging.ipynb"]
 MIME = "application/vnd.torch-adapter.routing+json"
+PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 RAISES = "raises-exception"
 EXAMPLE = ROOT / "examples" / "sd15_training"
@@ -391,7 +392,10 @@ def test_port_routing_per_cell_and_compare(port):
     assert "{" not in compared and compared.startswith("throughput kept vs redirect")  # no raw dict
     assert all(f"{name}:" in compared for name in configs.split(","))
     assert not any(o.output_type == "execute_result" for o in cell(nb, "compare").outputs)
-    assert any(WIDGET in o.get("data", {}) for o in cell(nb, "compare").outputs)  # the chart
+    (chart,) = [o["data"] for o in cell(nb, "compare").outputs if PLOTLY in o.get("data", {})]  # the chart
+    assert not any(WIDGET in o.get("data", {}) for o in cell(nb, "compare").outputs)  # no widget state to lose
+    assert [b["x"] for b in chart[PLOTLY]["data"]] == [[c for c in configs.split(",") if c != "plain"]]
+    assert len(json.dumps(chart)) <= 50_000  # the whole output, static image included
     summary = text(cell(nb, "compare-read"))
     assert "plain: did not run" in summary and re.search(r"redirect: +100\.0%", summary)
     for name in ("adapted", "mps-sim", "npu-sim"):  # each ratio with its interval, run count and verdict

@@ -202,6 +202,12 @@ def _mnist_example(path: str, *args: str):
     return build
 
 
+def _mnist_ff(repo: Path, work: Path):
+    fixtures.mnist_raw(work / "data")  # mnist_forward_forward reads ./data
+    return [*RUN, str(repo / "mnist_forward_forward/main.py"), "--epochs", "3", "--train_size", "64",
+            "--test_size", "32", "--log-interval", "1", "--save_model"], work
+
+
 def _torchrun_example(path: str, *args: str, ranks: int = 2):
     def build(repo: Path, work: Path):
         launch = ["torchrun", "--standalone", "--nproc-per-node", str(ranks)]
@@ -352,6 +358,8 @@ CASES = [
     Case("pytorch/examples siamese_network (torch.accelerator)", "examples",
          _mnist_example("siamese_network/main.py", "--epochs", "1", "--batch-size", "16", "--test-batch-size", "16",
                         "--log-interval", "1", "--dry-run"), _expect(r"(?s)Using device: (?:cuda|npu).*Test set: Average loss")),
+    Case("pytorch/examples mnist_forward_forward (torch.accelerator; pinned batches from a DataLoader worker)",
+         "examples", _mnist_ff, _expect(r"(?s)train error: [\d.]+.*test error: [\d.]+", "mnist_ff.pt")),
     Case("pytorch/examples distributed/FSDP2 example.py: torchrun 2 ranks (fully_shard, meta init, DCP save)",
          "examples", _torchrun_example("distributed/FSDP2/example.py"), _expect(r"Running on rank 1", "checkpoints")),
     Case("pytorch/examples distributed/FSDP2 example.py --mixed-precision --explicit-prefetching", "examples",
@@ -422,6 +430,9 @@ _COMPARE = {
                         note="train losses, epoch and test loss", artifacts=("results/*.png",)),
     "mnist_rnn": dict(metric=_LOSS_TEST, note="train losses, test loss"),
     "siamese_network": dict(metric=_LOSS_TEST, note="train losses, test loss"),
+    "mnist_forward_forward": dict(metric=floats(r"Loss:  ([\d.]+)"), deterministic=False,
+                                  note="losses per step; not comparable: --seed is parsed but never used (the negative "
+                                       "labels are drawn with the unseeded global generator)"),
     "FSDP2": dict(note="prints no loss; what it saves is not comparable: after to_empty() the example's "
                        "Transformer.reset_parameters() initialises the embeddings, final norm and output only, so the "
                        "layers train from uninitialised memory (NaN on both targets)",

@@ -12,7 +12,7 @@ import html
 import math
 from typing import Sequence
 
-__all__ = ["stacked_bars", "bars_with_spread", "nice_max"]
+__all__ = ["stacked_bars", "nice_max"]
 
 _FONT = "font-family:var(--jp-ui-font-family,sans-serif);font-size:11px"
 
@@ -87,47 +87,3 @@ def stacked_bars(labels: Sequence[str], series: dict[str, Sequence[int]], colors
 
 _BOLD_EM = 7.2  # px per character of 11px bold text, wide fonts included (a title is never clipped)
 _EM = 6.6
-
-
-def bars_with_spread(names: Sequence[str], values: Sequence[float], lows: Sequence[float],
-                     highs: Sequence[float], colors: Sequence[str], *, title: str, subtitle: str = "",
-                     unit: str = " %", height: int = 200, bar_width: int = 56) -> str:
-    """Bars with a spread whisker (``lows[i]`` .. ``highs[i]``). The scale leaves room above
-    the highest whisker (up to 3× the highest value; beyond, a whisker is cut at the top and
-    its tooltip has it) and each value's label sits above its whisker, so the two never cross.
-    The title (bold) and the subtitle each have a line of their own, and the chart is as wide
-    as they are."""
-    n = len(names)
-    left, bottom = 56, 26
-    top = 56 if subtitle else 42
-    text_width = max(len(title) * _BOLD_EM, len(subtitle) * _EM) + 16
-    width = int(max(240, n * (bar_width + 24) + 24, text_width - left + 8))
-    peak = max(values, default=0)
-    ymax = nice_max(max([peak * 1.15, *(min(h, 3 * peak) for h in highs)], default=0) * 1.12)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="torch-adapter-chart" role="img" '
-             f'width="{left + width + 8}" height="{top + height + bottom}" style="{_FONT}">',
-             f"<title>{html.escape(title)}{(' — ' + html.escape(subtitle)) if subtitle else ''}</title>",
-             f'<text class="torch-adapter-title" x="8" y="14" font-weight="600">{html.escape(title)}</text>']
-    if subtitle:
-        parts.append(f'<text class="torch-adapter-subtitle" x="8" y="29" fill="#666">{html.escape(subtitle)}</text>')
-    parts += _axis(height, top, left, width, ymax, unit)
-
-    def y_of(v: float) -> float:
-        return top + height - height * v / ymax
-
-    for i, name in enumerate(names):
-        x = left + 16 + i * (bar_width + 24)
-        mid = x + bar_width / 2
-        parts.append(f'<rect class="torch-adapter-bar" data-config="{html.escape(name)}" data-value="{values[i]:.2f}" '
-                     f'x="{x}" y="{y_of(values[i]):.2f}" width="{bar_width}" height="{height * values[i] / ymax:.2f}" '
-                     f'fill="{colors[i]}"><title>{html.escape(name)}: {values[i]:.1f}{unit} '
-                     f"(runs {lows[i]:.1f}–{highs[i]:.1f}{unit})</title></rect>")
-        y_lo, y_hi = y_of(min(lows[i], ymax)), y_of(min(highs[i], ymax))
-        parts.append(f'<path d="M{mid:.1f} {y_lo:.2f}V{y_hi:.2f}M{mid - 6:.1f} {y_hi:.2f}h12M{mid - 6:.1f} {y_lo:.2f}h12" '
-                     'stroke="#333" fill="none"/>')
-        label_y = min(y_hi, y_of(values[i])) - 5
-        parts.append(f'<text class="torch-adapter-value" x="{mid:.1f}" y="{label_y:.2f}" text-anchor="middle" '
-                     f'font-weight="600">{values[i]:.1f}{unit}</text>')
-        parts.append(f'<text x="{mid:.1f}" y="{top + height + 16}" text-anchor="middle">{html.escape(name)}</text>')
-    parts.append("</svg>")
-    return "".join(parts)

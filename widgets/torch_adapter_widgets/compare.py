@@ -1,16 +1,22 @@
-"""ThroughputComparison: throughput kept per configuration as a measurement: the median of the runs,
-its 95 % interval, absolute times and run counts, and a verdict only where the runs resolve one."""
+"""ThroughputComparison: throughput kept per configuration as a measurement — the median of the runs,
+its 95 % interval, absolute times and run counts, and a verdict only where the runs resolve one.
+
+A chart that lasts: a plotly figure as its JSON mime bundle (``application/vnd.plotly.v1+json``,
+which JupyterLab renders with the extension the plotly wheel installs: offline, in an untrusted
+notebook, after reopening it with no kernel), the same numbers as an HTML table (what ``nbconvert
+--to html`` and front ends without plotly show), text for a terminal, and a static PNG of the chart
+(plotly's kaleido, where it and a Chrome are installed: nbconvert and GitHub show it). No widget
+state: nothing is lost when the notebook is saved, closed and opened again.
+"""
 
 from __future__ import annotations
 
+import base64
 import html
+import os
 from typing import Any
 
-import ipywidgets as w
-
-from ._svg import bars_with_spread
-
-__all__ = ["ThroughputComparison", "baseline_of"]
+__all__ = ["ThroughputComparison", "baseline_of", "figure", "static_png"]
 
 
 def baseline_of(result: dict[str, Any]) -> str | None:
@@ -18,32 +24,15 @@ def baseline_of(result: dict[str, Any]) -> str | None:
     return next((k for k, v in result.items() if v.get("median_s")), None)
 
 
-class ThroughputComparison(w.VBox):
+class ThroughputComparison:
     """Shows the result of ``%%adapter_compare`` (or ``jupyter.compare.compare``)."""
 
     def __init__(self, result: dict[str, Any]) -> None:
         self.result = result
-        self.chart = w.HTML(self.chart_svg())
-        self.notes = w.HTML(self.notes_html())
-        super().__init__([self.chart, self.notes])
-        self.add_class("torch-adapter-compare")
 
-    def _bars(self) -> tuple[list[str], list[float], list[float], list[float]]:
-        ok = {k: v for k, v in self.result.items() if v.get("median_s")}
-        names = list(ok)
-        kept = [ok[k]["kept"] * 100 for k in names]
-        # whisker: the 95 % bootstrap interval of throughput kept (jupyter/compare.py), not min..max
-        lows = [(ok[k].get("kept_low") or ok[k]["kept"]) * 100 for k in names]
-        highs = [(ok[k].get("kept_high") or ok[k]["kept"]) * 100 for k in names]
-        return names, kept, lows, highs
-
-    def chart_svg(self) -> str:
-        names, kept, lows, highs = self._bars()
-        colors = [("#607d8b" if self.result[k].get("baseline") else
-                   "#9e9e9e" if str(self.result[k].get("verdict", "")).startswith("not resolved") else "#1976d2")
-                  for k in names]
-        return bars_with_spread(names, kept, lows, highs, colors, title="throughput kept vs the baseline",
-                                subtitle="bar: median of the runs · whisker: 95 % interval · grey: not resolved")
+    def figure(self) -> Any:
+        """The plotly figure (``plotly.graph_objects.Figure``)."""
+        return figure(self.result)
 
     def notes_html(self) -> str:
         base = baseline_of(self.result)
@@ -56,8 +45,8 @@ class ThroughputComparison(w.VBox):
                 why = f" — <b>{html.escape(first)}</b>, listed first, could not run here"
             parts.append(f"<div>Baseline (100 %): <b>{html.escape(base)}</b>{why}.</div>")
         rows = "".join(
-            f"<tr><td><b>{html.escape(k)}</b></td><td>{html.escape(_ms(v))}</td><td>{v['n']}</td>"
-            f"<td>{html.escape(_kept(v))}</td><td>{html.escape(v['verdict'])}</td>"
+            f"<tr><td><b>{html.escape(k)}</b></td><td class='torch-adapter-value'>{html.escape(_ms(v))}</td>"
+            f"<td>{v['n']}</td><td>{html.escape(_kept(v))}</td><td>{html.escape(v['verdict'])}</td>"
             f"<td>{html.escape(_stalls(v))}</td></tr>"
             for k, v in self.result.items() if v.get("median_s"))
         if rows:
@@ -79,14 +68,90 @@ class ThroughputComparison(w.VBox):
                              + (f"  [{stalls}]" if stalls else ""))
         return "\n".join(lines)
 
-    def html(self) -> str:
-        return f"<div class='torch-adapter-compare'>{self.chart_svg()}{self.notes_html()}</div>"
+    def html(self, png: bytes | None = None) -> str:
+        """The numbers as a table, under the chart's static image when there is one (``nbconvert --to
+        html`` shows text/html before image/png: the image lives here, once, not in both)."""
+        img = ("<img alt='throughput kept per configuration' style='max-width:100%' "
+               f"src='data:image/png;base64,{base64.b64encode(png).decode('ascii')}'/>" if png else
+               "<b>throughput kept vs the baseline</b>")
+        return f"<div class='torch-adapter-compare'>{img}{self.notes_html()}</div>"
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
-        data = super()._repr_mimebundle_(**kwargs) or {}
-        data["text/plain"] = self.text()
-        data["text/html"] = self.html()
+        data: dict[str, Any] = {"text/plain": self.text()}
+        png = None
+        if any(v.get("median_s") for v in self.result.values()):
+            try:
+                fig = self.figure()
+                data["application/vnd.plotly.v1+json"] = {**fig.to_plotly_json(), "config": {"displaylogo": False}}
+                png = static_png(fig)
+            except Exception as exc:  # the view never fails the cell: the table and the text still show
+                data["text/plain"] += f"\n(chart not drawn: {type(exc).__name__}: {exc})"
+        data["text/html"] = self.html(png)
         return data
+
+
+def figure(result: dict[str, Any]) -> Any:
+    """Bars of throughput kept (the medians) with the 95 % intervals as error bars; an unresolved
+    configuration is grey, the baseline slate; hovering shows the absolute times, runs and verdict."""
+    import plotly.graph_objects as go
+
+    ok = {k: v for k, v in result.items() if v.get("median_s")}
+    names = list(ok)
+    kept = [ok[k]["kept"] * 100 for k in names]
+    low = [(ok[k].get("kept_low") or ok[k]["kept"]) * 100 for k in names]
+    high = [(ok[k].get("kept_high") or ok[k]["kept"]) * 100 for k in names]
+    colors = ["#607d8b" if ok[k].get("baseline") else
+              "#9e9e9e" if str(ok[k].get("verdict", "")).startswith("not resolved") else "#1976d2" for k in names]
+    hover = [f"{k}: {_kept(ok[k])}<br>median {_ms(ok[k])}<br>{ok[k]['n']} runs<br>{ok[k]['verdict']}"
+             + (f"<br>{_stalls(ok[k])}" if ok[k].get("outliers") else "") for k in names]
+    labels = [f"{v:.0f} %" + ("" if ok[k].get("baseline") or not str(ok[k]["verdict"]).startswith("not resolved")
+                              else " (not resolved)") for k, v in zip(names, kept)]
+    fig = go.Figure(go.Bar(
+        x=names, y=[round(v, 2) for v in kept], marker_color=colors, text=labels, textposition="outside",
+        hovertext=hover, hoverinfo="text",
+        error_y=dict(type="data", symmetric=False, array=[round(h - v, 2) for h, v in zip(high, kept)],
+                     arrayminus=[round(v - lo, 2) for v, lo in zip(kept, low)], color="#37474f", thickness=1.2)))
+    base = baseline_of(result)
+    top = max([*high, 100.0]) * 1.15
+    fig.update_layout(
+        template="none", height=320, width=max(360, 110 * len(names) + 160), bargap=0.35,
+        margin=dict(l=60, r=20, t=56, b=40), showlegend=False,
+        title=dict(text=f"throughput kept vs {base} (median; whisker: 95 % interval; grey: not resolved)",
+                   font=dict(size=13)),
+        yaxis=dict(title="% of the baseline's throughput", range=[0, top], ticksuffix=" %", gridcolor="#e0e0e0"),
+        shapes=[dict(type="line", xref="paper", x0=0, x1=1, y0=100, y1=100, line=dict(color="#90a4ae", dash="dot"))])
+    return fig
+
+
+_KALEIDO: dict[str, bool] = {}
+
+
+def static_png(fig: Any) -> bytes | None:
+    """The chart as a PNG (plotly's kaleido with a Chrome it finds), or None where there is none
+    (``TORCH_ADAPTER_STATIC_CHARTS=0`` turns it off); never an error for the cell."""
+    if os.environ.get("TORCH_ADAPTER_STATIC_CHARTS", "1") == "0" or _KALEIDO.get("broken"):
+        return None
+    try:
+        import kaleido  # plotly.io.to_image's engine
+    except ImportError:
+        return None
+    try:
+        import warnings
+
+        import plotly.io as pio
+
+        if not _KALEIDO.get("server"):  # one Chrome for the kernel's life: ~3 s once, then ~0.2 s a chart
+            import atexit
+
+            kaleido.start_sync_server(silence_warnings=True)
+            atexit.register(kaleido.stop_sync_server, silence_warnings=True)
+            _KALEIDO["server"] = True
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "kopts is ignored if using a server"
+            return pio.to_image(fig, format="png", scale=1)
+    except Exception:  # no Chrome, a browser that did not start: the JSON and the table still show
+        _KALEIDO["broken"] = True
+        return None
 
 
 def _ms(v: dict[str, Any]) -> str:

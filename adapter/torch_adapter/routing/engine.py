@@ -402,7 +402,10 @@ class Engine:
             ckwargs = _map(kwargs, to_cpu, Tensor)
             if mode == "move" and ckwargs.get("device") is not None:
                 ckwargs["device"] = torch.device("cpu")
-            out = self._host(op, original, keyset, cargs, ckwargs)
+            try:
+                out = self._host(op, original, keyset, cargs, ckwargs)
+            except NotImplementedError as exc:
+                out = self._widened(exc, op, original, keyset, cargs, ckwargs)
             schema = op._schema.arguments
             values = (*args, *[kwargs.get(a.name) for a in schema[len(args):]])
             for arg, value in zip(schema, values):
@@ -412,6 +415,26 @@ class Engine:
         finally:
             st.bypass -= 1
         return result, (nbytes[0], nbytes[1])
+
+    def _widened(self, exc: NotImplementedError, op: Any, original: Any, keyset: Any, cargs: tuple,
+                 ckwargs: dict) -> Any:
+        """A fallback whose CPU kernel has no float16/bfloat16 case ("not implemented for 'Half'": the
+        CPU's multi_margin_loss, multilabel_margin_loss_backward, ... where the device and CUDA have one):
+        computed in float32 on the CPU, its results rounded to the arguments' dtype. Not for ops that write
+        an argument; any other error is the kernel's."""
+        torch = self._torch
+        low = {"'Half'": torch.float16, "'BFloat16'": torch.bfloat16}
+        named = next((dt for word, dt in low.items() if f"not implemented for {word}" in str(exc)), None)
+        dtypes: set[Any] = set()
+        _map((cargs, ckwargs), lambda t: dtypes.add(t.dtype), torch.Tensor)
+        if named is None or _written(op) or named not in dtypes:
+            raise exc
+
+        def widen(t: Any) -> Any:
+            return t.float() if t.dtype == named else t
+
+        out = self._host(op, original, keyset, _map(cargs, widen, torch.Tensor), _map(ckwargs, widen, torch.Tensor))
+        return _map(out, lambda t: t.to(named) if t.dtype == torch.float32 else t, torch.Tensor)
 
     # -- recording ----------------------------------------------------------------------------
     def add_log(self, log: RoutingLog) -> None:
