@@ -385,27 +385,75 @@ def test_the_inspector_chart_and_table_agree(ran, page):
     shot(page, "lab-inspector.png")
 
 
+PLOTLY = "application/vnd.plotly.v1+json"
+
+
+def _compare_chart(page, index: int) -> dict:
+    """What the plotly chart of cell ``index`` draws: its bars' labels and the heights' order."""
+    node = f"() => window.jupyterapp.shell.currentWidget.content.widgets[{index}].node"
+    page.wait_for_function(f"() => ({node})().querySelector('.js-plotly-plot .bars .point') !== null", timeout=60_000)
+    return page.evaluate(f"""() => {{
+        const n = ({node})();
+        const plot = n.querySelector('.js-plotly-plot');
+        return {{x: [...plot.querySelectorAll('.xtick text')].map(t => t.textContent),
+                 labels: [...plot.querySelectorAll('.bars .point text, .bars .textpoint text')].map(t => t.textContent),
+                 bars: plot.querySelectorAll('.bars .point path').length,
+                 text: n.querySelector('.jp-Cell-outputWrapper').innerText,
+                 trusted: window.jupyterapp.shell.currentWidget.content.widgets[{index}].model.trusted}};
+    }}""")
+
+
 def test_the_comparison_shows_a_chart_not_a_dict(ran, page):
     outputs = ran.cells[COMPARE].outputs
     assert not any(o.output_type == "execute_result" for o in outputs)
+    (data,) = [o.data for o in outputs if PLOTLY in o.get("data", {})]
+    assert "application/vnd.jupyter.widget-view+json" not in data and len(json.dumps(data)) <= 50_000
     page.evaluate(SCROLL_TO, COMPARE)
-    node = f"() => window.jupyterapp.shell.currentWidget.content.widgets[{COMPARE}].node"
-    page.wait_for_function(f"() => ({node})().querySelector('.torch-adapter-compare svg') !== null", timeout=60_000)
-    text = page.evaluate(f"() => ({node})().querySelector('.jp-Cell-outputWrapper').innerText")
-    assert "{" not in text and "runs_s" not in text, text
-    assert "Baseline (100 %): redirect — plain, listed first, could not run here" in text
-    labels = page.evaluate(f"""() => [...({node})().querySelectorAll('.torch-adapter-compare svg')].flatMap(svg => {{
-        const values = [...svg.querySelectorAll('text.torch-adapter-value')].map(t => t.getBBox());
-        const whiskers = [...svg.querySelectorAll('path')].map(p => p.getBBox());
-        return values.map((v, i) => ({{labelBottom: v.y + v.height, whiskerTop: whiskers[i].y}}));
-    }})""")
-    assert len(labels) == 2 and all(l["labelBottom"] <= l["whiskerTop"] + 0.5 for l in labels), labels
-    # The title and subtitle are never clipped: each fits inside the chart, in Lab's own font.
-    fits = page.evaluate(f"""() => [...({node})().querySelectorAll('.torch-adapter-compare svg')].flatMap(svg =>
-        [...svg.querySelectorAll('text.torch-adapter-title, text.torch-adapter-subtitle')].map(t => {{
-            const box = t.getBBox(); return box.x >= 0 && box.x + box.width <= svg.width.baseVal.value; }}))""")
-    assert fits and all(fits), fits
+    shown = _compare_chart(page, COMPARE)
+    # plain cannot run CUDA code here: two bars, the baseline at 100 %, each with its verdict's wording
+    assert shown["x"] == ["redirect", "adapted"] and shown["bars"] == 2, shown
+    assert shown["labels"][0] == "100 %" and re.fullmatch(r"\d+ %( \(not resolved\))?", shown["labels"][1]), shown
+    assert "{" not in shown["text"] and "runs_s" not in shown["text"], shown["text"]
+    assert "Baseline (100 %): redirect — plain, listed first, could not run here" in shown["text"]
+    assert re.search(r"adapted\t[\d.]+ ms \([\d.]+-[\d.]+\)\t\d+\t\d+ % \(\d+-\d+\)\t(slower|faster|not resolved)",
+                     shown["text"]), shown["text"]
     shot(page, "lab-compare.png")
+
+
+def test_a_saved_comparison_lasts_untrusted_reopened_and_exported(ran, page, lab):
+    """The comparison as saved: opened again in a fresh page and a fresh kernel from an untrusted copy
+    (no widget model anywhere), its chart is drawn from the output itself; ``nbconvert --to html``
+    keeps the chart as a static image beside the numbers."""
+    base, root = lab
+    copy = nbformat.read(root / NOTEBOOK, as_version=4)
+    copy.cells.append(nbformat.v4.new_markdown_cell("a copy: its signature is not the trusted one"))
+    nbformat.write(copy, root / "untrusted.ipynb")
+    goto_lab(page, base)
+    page.evaluate("""async () => {
+        const panel = await window.jupyterapp.commands.execute('docmanager:open', {path: 'untrusted.ipynb'});
+        await panel.context.ready;
+    }""")
+    page.evaluate(SCROLL_TO, COMPARE)
+    shown = _compare_chart(page, COMPARE)
+    assert shown["trusted"] is False and shown["x"] == ["redirect", "adapted"] and shown["bars"] == 2, shown
+    assert "model not found" not in shown["text"].lower()
+    shot(page, "lab-compare-untrusted.png")
+
+    subprocess.run([sys.executable, "-m", "nbconvert", "--to", "html", str(root / NOTEBOOK), "--output", "export"],
+                   check=True, capture_output=True, cwd=root, timeout=120)
+    context = page.context.browser.new_context()
+    export = context.new_page()
+    try:
+        export.goto((root / "export.html").as_uri())
+        img = export.locator(".torch-adapter-compare img")
+        img.wait_for()
+        size = export.evaluate("() => { const i = document.querySelector('.torch-adapter-compare img');"
+                               " return [i.complete, i.naturalWidth, i.naturalHeight]; }")
+        assert size[0] and size[1] > 200 and size[2] > 100, size
+        table = export.locator(".torch-adapter-compare-table").inner_text()
+        assert "redirect" in table and "adapted" in table and "baseline" in table
+    finally:
+        context.close()
 
 
 def _panel(page) -> dict:

@@ -68,16 +68,18 @@ class ThroughputComparison:
                              + (f"  [{stalls}]" if stalls else ""))
         return "\n".join(lines)
 
-    def html(self, png: bytes | None = None) -> str:
-        """The numbers as a table, under the chart's static image when there is one (``nbconvert --to
-        html`` shows text/html before image/png: the image lives here, once, not in both)."""
+    def html(self, png: bytes | None = None, *, table: bool = True) -> str:
+        """The chart's static image when there is one (``nbconvert --to html`` shows text/html before
+        image/png: the image lives here, once, not in both) and the numbers as a table."""
         img = ("<img alt='throughput kept per configuration' style='max-width:100%' "
                f"src='data:image/png;base64,{base64.b64encode(png).decode('ascii')}'/>" if png else
                "<b>throughput kept vs the baseline</b>")
-        return f"<div class='torch-adapter-compare'>{img}{self.notes_html()}</div>"
+        return f"<div class='torch-adapter-compare'>{img}{self.notes_html() if table else ''}</div>"
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
-        data: dict[str, Any] = {"text/plain": self.text()}
+    def chart_bundle(self, *, table: bool = False) -> dict[str, Any]:
+        """The chart's output: plotly's JSON (JupyterLab draws it, untrusted or reopened), its static
+        image inside text/html (export), a line of text; ``table``: the numbers in the html too."""
+        data: dict[str, Any] = {"text/plain": self.text().splitlines()[0]}
         png = None
         if any(v.get("median_s") for v in self.result.values()):
             try:
@@ -85,8 +87,21 @@ class ThroughputComparison:
                 data["application/vnd.plotly.v1+json"] = {**fig.to_plotly_json(), "config": {"displaylogo": False}}
                 png = static_png(fig)
             except Exception as exc:  # the view never fails the cell: the table and the text still show
-                data["text/plain"] += f"\n(chart not drawn: {type(exc).__name__}: {exc})"
-        data["text/html"] = self.html(png)
+                data["text/plain"] += f" (chart not drawn: {type(exc).__name__}: {exc})"
+        data["text/html"] = self.html(png, table=table)
+        return data
+
+    def table_bundle(self) -> dict[str, Any]:
+        """The numbers' output: the baseline note, per configuration the median (IQR), runs, kept with
+        its interval, verdict and stalls; text for a terminal."""
+        return {"text/plain": "\n".join(self.text().splitlines()[1:]),
+                "text/html": f"<div class='torch-adapter-compare-notes'>{self.notes_html()}</div>"}
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        """One output with everything (``%%adapter_compare`` shows :meth:`chart_bundle` and
+        :meth:`table_bundle` as two: JupyterLab draws only the chart of a bundle that has one)."""
+        data = self.chart_bundle(table=True)
+        data["text/plain"] = self.text()
         return data
 
 
@@ -114,10 +129,11 @@ def figure(result: dict[str, Any]) -> Any:
     base = baseline_of(result)
     top = max([*high, 100.0]) * 1.15
     fig.update_layout(
-        template="none", height=320, width=max(360, 110 * len(names) + 160), bargap=0.35,
-        margin=dict(l=60, r=20, t=56, b=40), showlegend=False,
-        title=dict(text=f"throughput kept vs {base} (median; whisker: 95 % interval; grey: not resolved)",
-                   font=dict(size=13)),
+        template="none", height=330, width=max(420, 110 * len(names) + 160), bargap=0.35,
+        margin=dict(l=60, r=20, t=64, b=40), showlegend=False,
+        title=dict(text=f"throughput kept vs {base}", font=dict(size=13),
+                   subtitle=dict(text="median of the runs · whisker: 95 % interval · grey: not resolved",
+                                 font=dict(size=10, color="#546e7a"))),
         yaxis=dict(title="% of the baseline's throughput", range=[0, top], ticksuffix=" %", gridcolor="#e0e0e0"),
         shapes=[dict(type="line", xref="paper", x0=0, x1=1, y0=100, y1=100, line=dict(color="#90a4ae", dash="dot"))])
     return fig

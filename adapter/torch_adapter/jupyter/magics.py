@@ -320,4 +320,6 @@ def _show_comparison(result: dict[str, Any]) -> None:
                  f"median {v['median_s'] * 1e3:.3g} ms of {v['n']} runs  {v['verdict']}" for k, v in result.items()]
         display({"text/plain": "\n".join(lines)}, raw=True)
         return
-    display(ThroughputComparison(result))
+    view = ThroughputComparison(result)
+    display(view.chart_bundle(), raw=True)  # the chart (JupyterLab draws only the chart of a bundle with one)
+    display(view.table_bundle(), raw=True)  # and its numbers
