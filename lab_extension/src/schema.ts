@@ -98,6 +98,8 @@ export interface IRoutingPayload {
   bytes_copied: number;
   /** Kernel totals since `%load_ext torch_adapter` (null when absent). */
   session: ISessionTotals | null;
+  /** The `%load_ext` that sent it (one id per load; null or absent from an older kernel). */
+  session_id?: string | null;
   /** Simulated targets only (null or absent otherwise). */
   dtypes?: IDtypes | null;
 }
@@ -231,7 +233,8 @@ export function parsePayload(data: unknown): ParseResult {
     wall_ms: numberOrNull(data.wall_ms),
     op_time_ms: numberOrNull(data.op_time_ms),
     bytes_copied: isCount(data.bytes_copied) ? data.bytes_copied : 0,
-    session: readSession(data.session)
+    session: readSession(data.session),
+    session_id: typeof data.session_id === 'string' && data.session_id ? data.session_id : null
   };
   const dtypes = readDtypes(data.dtypes);
   if (dtypes) {
@@ -248,7 +251,7 @@ export function parsePayload(data: unknown): ParseResult {
 export function metadataSummary(payload: IRoutingPayload): IRoutingPayload {
   // Small (at most five fallback entries) and read back by the same parser.
   // The session totals are dropped: they describe a kernel that will be gone.
-  return { ...payload, session: null };
+  return { ...payload, session: null, session_id: null };
 }
 
 /** The kernel's `%adapter` status (schema {@link STATUS_SCHEMA}). */
@@ -262,6 +265,8 @@ export interface IKernelStatus extends IRouteCounts {
   /** The extension is loaded in the kernel (`%load_ext torch_adapter`). */
   loaded: boolean;
   cells: number;
+  /** The current `%load_ext`'s id (null or absent: not loaded, or an older kernel). */
+  session_id?: string | null;
 }
 
 /** The status of a kernel where the extension is not loaded (a new or restarted kernel). */
@@ -274,6 +279,7 @@ export function notLoaded(): IKernelStatus {
     observing: false,
     loaded: false,
     cells: 0,
+    session_id: null,
     ...zeroCounts()
   };
 }
@@ -300,6 +306,7 @@ export function parseStatus(data: unknown): IKernelStatus | null {
     // Version 1 had no `loaded`: only a loaded extension sent a status then.
     loaded: data.loaded !== false,
     cells: num(data.cells),
+    session_id: typeof data.session_id === 'string' && data.session_id ? data.session_id : null,
     ...counts
   };
 }

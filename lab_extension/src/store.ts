@@ -54,10 +54,33 @@ export class RoutingStore {
     if (key === null) {
       return null;
     }
+    this._follow(payload.session_id ?? null);
     this._entries.set(key, { key, payload, saved: false, source: 'kernel' });
     this._noteLive(payload, true);
     this._changed.emit(key);
     return key;
+  }
+
+  /**
+   * The kernel's current `%load_ext` (its id, from a status or a payload it sent): a new one
+   * (`%unload_ext` + `%load_ext` in one kernel) drops the older session's payloads from the
+   * totals. Their cells keep their rows and badges: they tell what those cells did.
+   */
+  private _follow(sid: string | null): void {
+    if (sid === null || sid === this._sid) {
+      return;
+    }
+    this._sid = sid;
+    this._live = this._live.filter(p => (p.session_id ?? null) === sid);
+    if (this._latest && (this._latest.session_id ?? null) !== sid) {
+      this._latest = null;
+    }
+  }
+
+  /** A payload counts for the totals when it is the current session's (or nothing says which). */
+  private _current(payload: IRoutingPayload): boolean {
+    const sid = payload.session_id ?? null;
+    return this._sid === null || sid === null || sid === this._sid;
   }
 
   /**
@@ -74,7 +97,9 @@ export class RoutingStore {
       return;
     }
     this._entries.set(cellId, { key: cellId, payload, saved: false, source: 'output' });
-    this._noteLive(payload, false);
+    if (this._current(payload)) {
+      this._noteLive(payload, false);
+    }
     this._changed.emit(cellId);
   }
 
@@ -111,20 +136,27 @@ export class RoutingStore {
     }
   }
 
-  /** The kernel restarted or changed: drop what it reported, keep saved summaries. */
+  /**
+   * The kernel restarted or changed: nothing it reported counts for the totals any more; the
+   * cells' rows stay (each tells what its cell did, as its badge does), as stored outputs.
+   */
   clearLive(): void {
     for (const [key, entry] of this._entries) {
       if (entry.source === 'kernel') {
-        this._entries.delete(key);
+        this._entries.set(key, { ...entry, source: 'output' });
       }
     }
     this._live = [];
     this._latest = null;
     this._status = null;
+    this._sid = null;
     this._changed.emit(null);
   }
 
   setStatus(status: IKernelStatus | null): void {
+    if (status && status.loaded) {
+      this._follow(status.session_id ?? null);
+    }
     this._status = status;
     this._statusSeq = ++this._seq;
     this._changed.emit(null);
@@ -190,6 +222,7 @@ export class RoutingStore {
     }
   }
 
+  private _sid: string | null = null;
   private _entries = new Map<string, IEntry>();
   private _live: IRoutingPayload[] = [];
   private _latest: IRoutingPayload | null = null;

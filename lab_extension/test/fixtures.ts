@@ -29,6 +29,7 @@ export function payload(overrides: Partial<IRoutingPayload> = {}): IRoutingPaylo
     op_time_ms: 8.1,
     bytes_copied: 2048,
     session: totals(3, 900, 80, 5),
+    session_id: null,
     ...overrides
   };
 }

@@ -64,11 +64,13 @@ describe('RoutingStore', () => {
     store.add(fresh);
     store.fromOutput('a', old);
     assert.equal(store.lookup('a', null)?.payload.execution_count, 9);
-    // A kernel restart drops what the old kernel sent, not what the cells show.
+    // A kernel restart: nothing counts any more, but every cell keeps its row (as its badge stays).
     store.fromOutput('b', payload({ cell_id: 'b' }));
     store.clearLive();
-    assert.equal(store.lookup('a', null), null);
+    assert.equal(store.lookup('a', null)?.source, 'output');
+    assert.equal(store.lookup('a', null)?.payload.execution_count, 9);
     assert.equal(store.lookup('b', null)?.source, 'output');
+    assert.equal(store.totals(), null);
   });
 
   it('keeps saved summaries out of the session and across a kernel restart', () => {
@@ -77,7 +79,7 @@ describe('RoutingStore', () => {
     assert.equal(store.totals(), null);
     store.add(payload({ cell_id: 'live' }));
     store.clearLive();
-    assert.equal(store.lookup('live', null), null);
+    assert.equal(store.lookup('live', null)?.source, 'output');
     assert.equal(store.lookup('saved', null)?.saved, true);
     assert.equal(store.latest, null);
     assert.deepEqual(store.targetAndPolicy(), { target: null, policy: null, loaded: null });
@@ -98,6 +100,35 @@ describe('RoutingStore', () => {
     store.fromOutput('a', payload({ cell_id: 'a', policy: 'warn' }));
     store.fromOutput('b', payload({ cell_id: 'b', policy: 'warn', session: totals(9, 1, 0, 0) }));
     assert.deepEqual(store.targetAndPolicy(), { target: 'cpu', policy: 'error', loaded: true });
+  });
+
+  it('counts only the current %load_ext: after unload and load, the old session drops out (issue 34)', () => {
+    const store = new RoutingStore();
+    const loaded = { target: 'cpu', simulated: false, emulated: false, policy: 'allow', observing: true, loaded: true };
+    store.add(payload({ cell_id: 'a', session: totals(1, 50, 0, 0), session_id: 'one' }));
+    store.add(payload({ cell_id: 'b', session: totals(3, 162, 0, 1), session_id: 'one' }));
+    assert.deepEqual(store.totals(), totals(3, 162, 0, 1));
+    // %unload_ext + %load_ext: the new session's status, then its first cell
+    store.setStatus({ ...loaded, ...totals(0, 0, 0, 0), session_id: 'two' });
+    assert.deepEqual(store.totals(), totals(0, 0, 0, 0));
+    store.add(payload({ cell_id: 'c', session: totals(1, 54, 0, 1), session_id: 'two' }));
+    assert.deepEqual(store.totals(), totals(1, 54, 0, 1));
+    assert.equal(store.lookup('b', null)?.payload.session?.cells, 3); // the old cells keep their rows
+    // a reload: the old session's outputs are read again, but do not count
+    const reloaded = new RoutingStore();
+    reloaded.fromOutput('b', payload({ cell_id: 'b', session: totals(3, 162, 0, 1), session_id: 'one' }));
+    reloaded.setStatus({ ...loaded, ...totals(1, 54, 0, 1), session_id: 'two' });
+    reloaded.fromOutput('c', payload({ cell_id: 'c', session: totals(1, 54, 0, 1), session_id: 'two' }));
+    assert.deepEqual(reloaded.totals(), totals(1, 54, 0, 1));
+  });
+
+  it('reads the session id of payloads and statuses, absent from older kernels', () => {
+    const p = parsePayload({ ...payload(), session_id: 'abc' });
+    assert.ok(p.ok && p.payload.session_id === 'abc');
+    const old = parsePayload({ ...payload(), session_id: undefined });
+    assert.ok(old.ok && old.payload.session_id === null);
+    assert.equal(parseStatus({ schema: STATUS_SCHEMA, version: 2, loaded: true, session_id: 'abc' })?.session_id, 'abc');
+    assert.equal(notLoaded().session_id, null);
   });
 
   it('counts yours and refused apart, and reads a version-1 payload with them at zero', () => {
@@ -130,6 +161,7 @@ describe('kernel helpers', () => {
       policy: 'warn',
       observing: true,
       loaded: true,
+      session_id: null,
       ...totals(2, 5, 1, 0, 1, 2)
     });
     // A kernel without the extension says so (version 1 had no `loaded`: only a loaded one answered).

@@ -59,6 +59,11 @@ class CellRouter:
         self.emulate = False
         self.session_log = RoutingLog()
         self.cells = 0
+        # One id per %load_ext: the front end counts only this session's payloads in its totals (after
+        # %unload_ext + %load_ext in one kernel, the old session's outputs are still on screen).
+        import uuid
+
+        self.session_id = uuid.uuid4().hex[:12]
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self.payloads: list[dict[str, Any]] = []
         self.tables: list[list[dict[str, Any]]] = []  # each reported cell's op rows (the inspector's table)
@@ -171,7 +176,8 @@ class CellRouter:
             session = current()
             policy = session.config.fallback if session is not None else "allow"
             payload = schema.build_payload(log, cell_id=cell_id, execution_count=count, policy=policy,
-                                           wall_ms=wall_ms, session_totals=self.totals())
+                                           wall_ms=wall_ms, session_totals=self.totals(),
+                                           session_id=self.session_id)
             self.payloads.append(payload)
             self.tables.append(log.table())
         except Exception as exc:
@@ -186,7 +192,8 @@ class CellRouter:
         """``%adapter`` status as data (see :func:`.schema.build_status`)."""
         from ..session import current
 
-        return schema.build_status(current(), observing=self.observing, totals=self.totals())
+        return schema.build_status(current(), observing=self.observing, totals=self.totals(),
+                                   session_id=self.session_id)
 
     def publish_status(self) -> None:
         """Tell the front end that the target, policy or observation changed (a comm message

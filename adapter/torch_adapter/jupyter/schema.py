@@ -22,6 +22,7 @@ routes and no ``top_yours``/``top_refused``)::
      "top_yours": [...], "top_refused": [...],                  # the same, for those routes
      "wall_ms": 12.5, "op_time_ms": 8.1, "bytes_copied": 2048,
      "session": {"cells": 3, "native": 900, "composite": 80, "yours": 2, "fallback": 5, "refused": 0},
+     "session_id": "3f2a9c0d1b7e",   # one per %load_ext: totals count only the current session's cells
      "dtypes": {"judged": true, "note": "", "calls": 1,              # simulated targets only
                 "findings": [{"op": "aten::empty.memory_format", "dtype": "float64", "calls": 1,
                               "message": "...", "site": "cell [4], line 1" | null}]}}
@@ -64,7 +65,8 @@ def _site(site: dict[str, Any] | None) -> str | None:
 
 
 def build_payload(log: Any, *, cell_id: str | None, execution_count: int | None, policy: str,
-                  wall_ms: float, session_totals: dict[str, int], top: int = 5) -> dict[str, Any]:
+                  wall_ms: float, session_totals: dict[str, int], top: int = 5,
+                  session_id: str | None = None) -> dict[str, Any]:
     """The payload for one cell from its RoutingLog (see the module docstring)."""
     records = log.records()
     distinct: dict[str, set[str]] = {r: set() for r in ROUTES}
@@ -83,7 +85,7 @@ def build_payload(log: Any, *, cell_id: str | None, execution_count: int | None,
         "wall_ms": round(wall_ms, 3),
         "op_time_ms": round(sum(r.self_time_ns for r in records) / 1e6, 3),
         "bytes_copied": int(log.bytes_copied),
-        "session": dict(session_totals),
+        "session": dict(session_totals), "session_id": session_id,
         **_dtypes(log, top),
     }
 
@@ -187,7 +189,8 @@ class Status(dict):
         p.text(self.text())
 
 
-def build_status(session: Any, *, observing: bool, totals: dict[str, int], loaded: bool = True) -> Status:
+def build_status(session: Any, *, observing: bool, totals: dict[str, int], loaded: bool = True,
+                 session_id: str | None = None) -> Status:
     """The status of ``session`` (None: not installed) with the router's totals; ``loaded``:
     the extension is loaded in this kernel."""
     amp = None
@@ -207,5 +210,5 @@ def build_status(session: Any, *, observing: bool, totals: dict[str, int], loade
         "emulated": bool(session.target.emulated) if session is not None else False,
         "policy": session.config.fallback if session is not None else None,
         "amp_dtype": session.config.amp_dtype if session is not None else None, "amp": amp,
-        "observing": bool(observing), "loaded": bool(loaded),
+        "observing": bool(observing), "loaded": bool(loaded), "session_id": session_id if loaded else None,
         **{"cells": 0, **dict.fromkeys(ROUTES, 0), **{k: int(v) for k, v in totals.items()}}})
