@@ -438,6 +438,15 @@ def test_a_saved_comparison_lasts_untrusted_reopened_and_exported(ran, page, lab
     assert shown["trusted"] is False and shown["x"] == ["redirect", "adapted"] and shown["bars"] == 2, shown
     assert "model not found" not in shown["text"].lower()
     shot(page, "lab-compare-untrusted.png")
+    page.evaluate(f"""async () => {{  // back to the notebook the other tests read (its kernel lives on)
+        const app = window.jupyterapp;
+        const copy = app.shell.currentWidget;
+        await copy.sessionContext.shutdown();
+        copy.dispose();
+        const panel = await app.commands.execute('docmanager:open', {{path: '{NOTEBOOK}'}});
+        await panel.context.ready;
+        await panel.sessionContext.ready;
+    }}""")
 
     subprocess.run([sys.executable, "-m", "nbconvert", "--to", "html", str(root / NOTEBOOK), "--output", "export"],
                    check=True, capture_output=True, cwd=root, timeout=120)
