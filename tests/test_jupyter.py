@@ -354,6 +354,20 @@ def test_registered_and_refused_ops_are_named_so_in_every_rendering(ip):
     ip.run_line_magic("adapter", "policy allow")
 
 
+def test_inspector_site_column_never_stays_blank(ip):
+    """Issue 34: the call-site column was empty on most rows. A row whose site the per-cell trace does
+    not record says why (a dash with the reason), the fallback's row names its cell and line."""
+    ip.run_line_magic("adapter", "target mps --simulate")
+    run(ip, CUDA_CELL + "values, indices = torch.mode((x * 4).round(), dim=1)\n")
+    inspector, _ = _open_inspector(ip)
+    table = inspector.table.value
+    (mode,) = re.findall(r"<tr data-route='fallback'>.*?</tr>", table)
+    assert "aten::mode" in mode and re.search(r"cell \[\d+\], line \d+</td></tr>$", mode), mode
+    blank = [row for row in re.findall(r"<tr data-route='\w+'>.*?</tr>", table) if row.endswith("nowrap'></td></tr>")]
+    assert not blank
+    assert "the per-cell trace records the line of the calls the adapter routes itself" in table
+
+
 def test_inspector_table_is_capped_filtered_and_sorted(ip):
     run(ip, CUDA_CELL)
     inspector, _ = _open_inspector(ip)

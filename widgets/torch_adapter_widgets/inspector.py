@@ -25,6 +25,14 @@ SORT_KEYS = {"calls": lambda r: (-r["calls"], r["op"]), "op": lambda r: (r["op"]
 ALL = "all"
 
 
+# The per-cell trace finds the user's line only where it is cheap to: the calls the adapter itself
+# routes (CPU fallbacks, decompositions, your registrations); every other op is counted by the C++
+# observer without a stack walk. The column says so instead of staying blank.
+NO_SITE_WHY = ("the per-cell trace records the line of the calls the adapter routes itself (CPU fallbacks, "
+               "decompositions, your registrations); %%adapter_trace records every op's first call site")
+NO_SITE = f"<span style='color:#999' title='{html.escape(NO_SITE_WHY, quote=True)}'>—</span>"
+
+
 def _shown(counts: dict[str, int]) -> list[str]:
     """The routes a line shows: native, composite and fallback always; yours and refused when any."""
     return [r for r in ROUTES if r in ("native", "composite", "fallback") or counts.get(r, 0)]
@@ -180,7 +188,7 @@ class RoutingInspector(w.VBox):
             f"<td style='text-align:right'>{r['self_time_ms']:.3f}</td>"
             f"<td style='text-align:right'>{format_bytes(r['bytes_copied']) if r['bytes_copied'] else ''}</td>"
             f"<td style='text-align:left'>{html.escape(' '.join(r['cells']))}</td>"
-            f"<td style='text-align:left;white-space:nowrap'>{html.escape(r['sites'][0]) if r['sites'] else ''}</td></tr>"
+            f"<td style='text-align:left;white-space:nowrap'>{html.escape(r['sites'][0]) if r['sites'] else NO_SITE}</td></tr>"
             for r in shown)
         calls = {route: sum(r["calls"] for r in rows if r["route"] == route) for route in ROUTES}
         more = (f"<div class='torch-adapter-more'>{len(rows) - len(shown)} more rows: filter or sort to see them "
@@ -207,7 +215,8 @@ class RoutingInspector(w.VBox):
         if row is None:
             self.details.value = "<span style='color:#666'>Pick an op to read its reason and call sites.</span>"
             return
-        sites = "".join(f"<li><code>{html.escape(s)}</code></li>" for s in row["sites"]) or "<li>(none recorded)</li>"
+        sites = "".join(f"<li><code>{html.escape(s)}</code></li>" for s in row["sites"]) or \
+            f"<li>(none recorded: {html.escape(NO_SITE_WHY)})</li>"
         self.details.value = (f"<b>{html.escape(row['op'])}</b> — {row['route']} on {html.escape(row['target'])}"
                               f"<br>{html.escape(row['reason'])}<br>call sites:<ul>{sites}</ul>")
 
