@@ -19,8 +19,8 @@ from conftest import ROOT
 from test_notebooks import check_port_fallback_prose, check_port_warnings
 from test_lab_e2e import NEEDS_CHROMIUM, MIME, browser_page, note_time, run_all, shot, start_lab, stop_lab
 
-# 03 and 04 show errors on purpose (cells tagged raises-exception); JupyterLab's Run All stops
-# at the first error whatever the tags, so only nbclient (tests/test_notebooks.py) runs them through.
+# 03 and 04 show errors on purpose (cells tagged raises-exception; JupyterLab 4.6's Run All runs past
+# those, checked in Chromium on 2026-12-07); their outputs are checked through nbclient (tests/test_notebooks.py).
 # 02 trains, profiles, runs DDP and exports: about 5 minutes in Lab on 2 cores, so CI runs it through
 # nbclient (tests/test_notebooks.py) and the Lab run of it is part of the long runs (-m full_sweep).
 FILES = ["01_quickstart.ipynb", "02_port_stable_diffusion.ipynb"]
