@@ -107,6 +107,7 @@ def test_a_failing_observer_reports_itself_and_the_cell_goes_on(ip):
     assert "torch_adapter: the listener" in cap.stderr and "observer bug" in cap.stderr
 
 
+@pytest.mark.cpu_kind
 def test_adapter_magic_status_target_policy(ip):
     run(ip, CUDA_CELL)
     status = ip.run_line_magic("adapter", "")
@@ -114,7 +115,16 @@ def test_adapter_magic_status_target_policy(ip):
     assert status["schema"] == schema.STATUS_SCHEMA and status["amp_dtype"] == "auto"
     # Shown as lines, not as a dict, with the AMP dtype the policy resolves to on this target.
     shown = ip.display_formatter.format(status)[0]["text/plain"]
-    assert "{" not in shown and "target cpu" in shown and "float16 (policy auto" in shown and "bfloat16" not in shown
+    assert "{" not in shown and "target cpu" in shown and "float16 (policy auto" in shown
+    # ... and what the trace shows of float16 matmuls: the dtype the CPU computes them in (issue 34)
+    from torch_adapter.session import current
+
+    heavy = getattr(getattr(current(), "low_precision", None), "dtype", None)
+    clause = "its matmuls, convolutions and attention compute in"
+    if heavy is None or heavy is torch.float16:
+        assert clause not in shown
+    else:
+        assert f"{clause} {str(heavy).removeprefix('torch.')} on this CPU, float16 in and out" in shown, shown
     with capture_output() as cap:
         assert ip.run_line_magic("adapter", "policy warn") is None  # no quoted string repr
     assert cap.stdout == "torch_adapter: fallback policy warn\n"

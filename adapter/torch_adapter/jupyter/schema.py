@@ -203,6 +203,14 @@ def build_status(session: Any, *, observing: bool, totals: dict[str, int], loade
         dtype = str(effective_dtype(policy, session.target.device_type, torch.float16)).removeprefix("torch.")
         amp = (f"{dtype} (policy {policy}: autocast('cuda', float16) computes in {dtype} on "
                f"{session.target.device_type})")
+        rewrite = getattr(session, "low_precision", None)
+        heavy = getattr(rewrite, "dtype", None)
+        if dtype == "float16" and heavy is not None and heavy is not torch.float16:
+            # what %%adapter_trace shows: the float16 matmuls, convolutions and attention are computed in
+            # another dtype on this CPU (routing/low_precision.py), float16 in and out
+            heavy_name = str(heavy).removeprefix("torch.")
+            amp += (f"; its matmuls, convolutions and attention compute in {heavy_name} on this CPU, float16 in "
+                    f"and out (float16_compute={session.config.float16_compute!r})")
     return Status({
         "schema": STATUS_SCHEMA, "version": VERSION,
         "target": session.target.name if session is not None else None,
