@@ -76,10 +76,18 @@ export function formatMs(ms: number | null): string {
  * separators), with "· 2 yours" and "· 1 refused" where there are any.
  */
 export function badgeText(counts: IRouteCounts, exact = false): string {
-  const f = exact ? formatExact : formatCount;
-  return shown(counts)
-    .map(r => `${f(counts[r])} ${SHORT[r]}`)
-    .join(' · ');
+  const routes = shown(counts);
+  // One format per line: where any count needs "k"/"M", every count of 1,000 or more takes it too
+  // ("11.4k native · 5.2k composite · 3 CPU", never "11.4k native · 5189 composite").
+  const compact = !exact && routes.some(r => counts[r] >= 10_000);
+  const f = compact ? (n: number) => (n >= 1_000 ? compactCount(n) : formatExact(n)) : formatExact;
+  return routes.map(r => `${f(counts[r])} ${SHORT[r]}`).join(' · ');
+}
+
+/** 1234 → "1.2k", 12345 → "12.3k", 2500000 → "2.5M" (for counts of 1,000 or more). */
+function compactCount(n: number): string {
+  const value = Math.max(0, Math.round(n));
+  return value < 1_000_000 ? `${trim(value / 1_000)}k` : `${trim(value / 1_000_000)}M`;
 }
 
 /** " · 2 dtype refused" / " · dtypes not judged" (simulated targets), else "". */

@@ -31,6 +31,9 @@ describe('badge text', () => {
     assert.equal(formatCount(10_000), '10k');
     assert.equal(badgeText(counts(12_345, 0, 0)), '12.3k native · 0 composite · 0 CPU');
     assert.equal(badgeText(counts(12_345, 0, 0), true), '12,345 native · 0 composite · 0 CPU');
+    // one format per line (issue 34: "11.4k" beside "5189")
+    assert.equal(badgeText(counts(11_400, 5_189, 3)), '11.4k native · 5.2k composite · 3 CPU');
+    assert.equal(badgeText(counts(5_189, 37, 3)), '5,189 native · 37 composite · 3 CPU');
     assert.equal(formatExact(1_234_567), '1,234,567');
   });
 });
