@@ -177,7 +177,10 @@ export function tooltipText(payload: IRoutingPayload, topFallbacks = 5): string 
   }
   const costs = [`cell ${formatMs(payload.wall_ms)}`];
   if (payload.op_time_ms !== null) {
-    costs.push(`traced ops ${formatMs(payload.op_time_ms)}`);
+    // The ops' self times are summed over every thread that ran them (autograd's, DataLoader's, the
+    // script's own): the sum can exceed the cell's wall time, and then says so instead of contradicting it.
+    const over = payload.wall_ms !== null && payload.op_time_ms > payload.wall_ms;
+    costs.push(`traced ops ${formatMs(payload.op_time_ms)}${over ? ' (summed over threads: more than the cell\'s time)' : ''}`);
   }
   if (payload.bytes_copied > 0) {
     costs.push(`${formatBytes(payload.bytes_copied)} copied to/from the CPU`);

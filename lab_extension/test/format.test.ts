@@ -103,6 +103,11 @@ describe('tooltip', () => {
     );
   });
 
+  it('never shows traced op time above the cell time without saying why (issue 34)', () => {
+    const text = tooltipText(payload({ wall_ms: 10, op_time_ms: 14 }));
+    assert.match(text, /cell 10\.0 ms · traced ops 14\.0 ms \(summed over threads: more than the cell's time\)/);
+  });
+
   it('shows at most the requested number of fallback ops', () => {
     const fallbacks = ['a', 'b', 'c'].map(op => ({ op: `aten::${op}`, calls: 1, reason: '', site: null }));
     const text = tooltipText(payload({ top_fallbacks: fallbacks }), 2);
