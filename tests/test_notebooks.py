@@ -279,6 +279,16 @@ def test_quickstart_trace_inspector_and_simulated_target(quickstart):
     table = text(cell(nb, "trace"))
     assert "Routing on" in table and "aten::" in table and "first call site" in table
     assert "calls per route: {'native'" in text(cell(nb, "trace-log"))
+    # The prose under the trace: a composite product is one the adapter computes in bfloat16, and says so
+    page = "".join(o["data"]["text/html"] for o in cell(nb, "trace").outputs if "text/html" in o.get("data", {}))
+    products = re.findall(r"<code>(?:&nbsp;|\s|└)*aten::(?:add)?mm</code>.*?</tr>", page, re.S)
+    composite = [row for row in products if ">composite<" in row]
+    assert all("float16 computed in" in row for row in composite), composite
+    assert bool(composite) == bool(re.search(r"aten::(?:add)?mm +│ composite", table)), (composite, table)
+    from torch_adapter.core.cpu_features import cpu_features
+
+    if not cpu_features().bf16_units:
+        assert not composite, composite  # the float32 path: native products
     assert any(WIDGET in o.get("data", {}) for o in cell(nb, "inspector").outputs)
     assert "mps (simulated on cpu)" in text(cell(nb, "sim-switch"))
     sim = routing(cell(nb, "simulated"))
