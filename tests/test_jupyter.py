@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -228,6 +232,37 @@ def test_adapter_compare_interleaves_and_keeps_the_data(ip):
         assert re.search(rf"{name}: \d+ % \(\d+-\d+\) +[\d.]+ ms \([\d.]+-[\d.]+\) +2 runs  not resolved",
                          table["text/plain"]), table["text/plain"]
     assert table["text/html"].count("torch-adapter-value") == 3 and "Baseline (100 %): <b>redirect</b>" in table["text/html"]
+
+
+def test_compare_chart_never_waits_on_a_chrome_that_does_not_answer(tmp_path):
+    """A Chrome that never starts (here: a program that sleeps, as kaleido's browser) costs the cell at
+    most the start bound, once: the chart's output says why it has no image, the next chart does not try."""
+    pytest.importorskip("kaleido")
+    hung = tmp_path / "chrome"
+    hung.write_text("#!/bin/sh\nsleep 120\n")
+    hung.chmod(0o755)
+    script = textwrap.dedent("""
+        import time
+        from torch_adapter.jupyter.compare import summarize
+        from torch_adapter_widgets import compare
+        compare._CHARTS.START_S = 3
+        result = summarize({"redirect": [1.0, 1.1, 0.9, 1.0], "adapted": [2.0, 2.1, 1.9, 2.2]})
+        for attempt in (1, 2):
+            t = time.perf_counter()
+            data = compare.ThroughputComparison(result).chart_bundle()
+            print(attempt, round(time.perf_counter() - t, 2), "base64" in data["text/html"], flush=True)
+        print(data["text/html"])
+    """)
+    env = {**os.environ, "BROWSER_PATH": str(hung), "TORCH_ADAPTER_STATIC_CHARTS": "1"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, second, page = out.stdout.splitlines()[:3]
+    n, took, drawn = first.split()
+    assert drawn == "False" and 3 <= float(took) < 15, first
+    n, took, drawn = second.split()
+    assert drawn == "False" and float(took) < 1, second
+    assert "no static image: kaleido&#x27;s Chrome did not start in 3 s" in page
+    assert "application/vnd.plotly.v1+json" not in page  # (the JSON bundle is a separate key)
 
 
 def test_adapter_compare_says_why_the_baseline_moved(ip):

@@ -16,7 +16,7 @@ import html
 import os
 from typing import Any
 
-__all__ = ["ThroughputComparison", "baseline_of", "figure", "static_png"]
+__all__ = ["ThroughputComparison", "baseline_of", "figure", "static_png", "static_png_why"]
 
 
 def baseline_of(result: dict[str, Any]) -> str | None:
@@ -74,6 +74,9 @@ class ThroughputComparison:
         img = ("<img alt='throughput kept per configuration' style='max-width:100%' "
                f"src='data:image/png;base64,{base64.b64encode(png).decode('ascii')}'/>" if png else
                "<b>throughput kept vs the baseline</b>")
+        why = None if png else static_png_why()
+        if why:
+            img += f" <i class='torch-adapter-no-image'>(no static image: {html.escape(why)})</i>"
         return f"<div class='torch-adapter-compare'>{img}{self.notes_html() if table else ''}</div>"
 
     def chart_bundle(self, *, table: bool = False) -> dict[str, Any]:
@@ -139,35 +142,111 @@ def figure(result: dict[str, Any]) -> Any:
     return fig
 
 
-_KALEIDO: dict[str, bool] = {}
+class _StaticCharts:
+    """plotly's kaleido (a Chrome it drives) on a thread of its own, one browser for the kernel's life
+    (~3 s once, then ~0.2 s a chart), every wait bounded.
+
+    Why not ``plotly.io.to_image``: it goes through kaleido's sync server, whose caller waits on a queue
+    with no timeout — a Chrome that fails to start (seen under a loaded CI run: the server's thread
+    died, nobody answered) hung the cell for good. Here a start that takes over :attr:`START_S`, or a
+    chart over :attr:`RENDER_S`, gives up: the cell goes on without the image (the plotly JSON and the
+    table still show), ``why`` says what happened, and the kernel does not try again."""
+
+    START_S = 30.0
+    RENDER_S = 15.0
+
+    def __init__(self) -> None:
+        self.loop: Any = None
+        self.browser: Any = None
+        self.why: str | None = None  # why there are no static charts in this kernel
+
+    def png(self, fig: Any) -> bytes | None:
+        if os.environ.get("TORCH_ADAPTER_STATIC_CHARTS", "1") == "0":
+            return None
+        if self.why is not None:
+            return None
+        try:
+            import kaleido  # noqa: F401  (plotly's image engine)
+        except ImportError:
+            self.why = "kaleido is not installed (pip install 'torch_adapter[widgets]')"
+            return None
+        import asyncio
+        import concurrent.futures
+
+        try:
+            if self.browser is None:
+                self._start()
+            layout = fig.layout
+            opts = {"format": "png", "width": layout.width or 700, "height": layout.height or 500, "scale": 1}
+            job = asyncio.run_coroutine_threadsafe(self.browser.calc_fig(fig.to_dict(), opts), self.loop)
+            try:
+                return job.result(timeout=self.RENDER_S + 5)
+            except concurrent.futures.TimeoutError:
+                job.cancel()
+                self._give_up(f"kaleido's Chrome drew no chart in {self.RENDER_S:.0f} s")
+                return None
+        except Exception as exc:  # no Chrome, a browser that did not start: the JSON and the table still show
+            self._give_up(str(exc) if isinstance(exc, TimeoutError) else f"kaleido could not draw: "
+                          f"{type(exc).__name__}" + (f": {str(exc).splitlines()[0][:200]}" if str(exc) else ""))
+            return None
+
+    def _start(self) -> None:
+        import asyncio
+        import atexit
+        import concurrent.futures
+        import threading
+
+        import kaleido
+
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="torch_adapter: static charts", daemon=True).start()
+
+        async def open_browser() -> Any:
+            browser = kaleido.Kaleido(n=1, timeout=self.RENDER_S)
+            await browser.open()
+            return browser
+
+        job = asyncio.run_coroutine_threadsafe(open_browser(), self.loop)
+        try:
+            self.browser = job.result(timeout=self.START_S)
+        except concurrent.futures.TimeoutError:
+            job.cancel()
+            raise TimeoutError(f"kaleido's Chrome did not start in {self.START_S:.0f} s") from None
+        atexit.register(self.stop)
+
+    def _give_up(self, why: str) -> None:
+        self.why = why
+        self.stop()
+
+    def stop(self) -> None:
+        """Close the browser (bounded: at most 5 s) and the thread's loop."""
+        import asyncio
+
+        loop, browser, self.browser = self.loop, self.browser, None
+        if loop is None:
+            return
+        if browser is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(browser.close(), loop).result(timeout=5)
+            except Exception:  # a browser that will not close is left to the OS at exit
+                pass
+        loop.call_soon_threadsafe(loop.stop)
+        self.loop = None
+
+
+_CHARTS = _StaticCharts()
 
 
 def static_png(fig: Any) -> bytes | None:
-    """The chart as a PNG (plotly's kaleido with a Chrome it finds), or None where there is none
-    (``TORCH_ADAPTER_STATIC_CHARTS=0`` turns it off); never an error for the cell."""
-    if os.environ.get("TORCH_ADAPTER_STATIC_CHARTS", "1") == "0" or _KALEIDO.get("broken"):
-        return None
-    try:
-        import kaleido  # plotly.io.to_image's engine
-    except ImportError:
-        return None
-    try:
-        import warnings
+    """The chart as a PNG (kaleido with a Chrome it finds, bounded in time: :class:`_StaticCharts`), or
+    None where there is none (``TORCH_ADAPTER_STATIC_CHARTS=0`` turns it off; :func:`static_png_why`
+    says why not); never an error for the cell."""
+    return _CHARTS.png(fig)
 
-        import plotly.io as pio
 
-        if not _KALEIDO.get("server"):  # one Chrome for the kernel's life: ~3 s once, then ~0.2 s a chart
-            import atexit
-
-            kaleido.start_sync_server(silence_warnings=True)
-            atexit.register(kaleido.stop_sync_server, silence_warnings=True)
-            _KALEIDO["server"] = True
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "kopts is ignored if using a server"
-            return pio.to_image(fig, format="png", scale=1)
-    except Exception:  # no Chrome, a browser that did not start: the JSON and the table still show
-        _KALEIDO["broken"] = True
-        return None
+def static_png_why() -> str | None:
+    """Why this kernel draws no static charts (None: it does, or has not tried)."""
+    return _CHARTS.why
 
 
 def _ms(v: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..core.patching import bindings
+from .nccl_semantics import patch_gather_into_tensor, patch_reductions
 
 __all__ = ["map_backend", "apply"]
 
@@ -52,8 +53,8 @@ def apply(session: Any) -> None:
     _patch_device_mesh(session)
     _patch_ddp(session)
     _patch_fsdp1(session)
-    _patch_gather_into_tensor(session, groups)
-    _patch_reductions(session, groups)
+    patch_gather_into_tensor(session, groups)
+    patch_reductions(session, groups)
     _keep_destroyed_gloo_groups(session, groups.chosen)
 
 
@@ -260,111 +261,6 @@ def _adapt_fsdp1(session: Any, module: Any) -> None:
 def _made_gloo(asked: Any, became: Any) -> bool:
     """Did the adapter turn a backend the program asked for into gloo?"""
     return asked != became and isinstance(became, str) and "gloo" in became
-
-
-def _patch_gather_into_tensor(session: Any, groups: _Groups) -> None:
-    """``all_gather_into_tensor`` (``all_gather_single``; accelerate's ``gather``) as nccl runs it, on gloo.
-
-    - An input that requires grad: gloo fails ("A view was created in no_grad mode…") where nccl does
-      not. c10d collectives record no autograd either way, so the input is passed detached (same storage).
-    - The output's shape: nccl takes any output holding world_size × the input's elements, and
-      accelerate's ``gather`` passes a flat one (``torch.empty(world * t.numel())``, viewed back as
-      ``(-1, *t.shape[1:])`` after). gloo splits the output along dim 0 and wants each piece shaped as the
-      input: a (B, C) input (logits, ``gather_for_metrics``) failed with "invalid tensor size at index
-      0 (expected (1, 16), got (16))". On the groups the adapter made gloo in place of nccl
-      (:class:`_Groups`), a contiguous output with the right number of elements is handed to gloo viewed as
-      the inputs concatenated along dim 0 — the same memory, so the caller's tensor holds the result.
-    """
-    from torch.distributed import distributed_c10d as c10d
-
-    orig = getattr(c10d, "all_gather_single", None)
-    if orig is None:
-        return
-
-    @functools.wraps(orig)
-    def all_gather_single(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False) -> Any:
-        if isinstance(input_tensor, torch.Tensor):
-            if input_tensor.requires_grad:
-                input_tensor = input_tensor.detach()
-            if isinstance(output_tensor, torch.Tensor):
-                output_tensor = _concatenated(output_tensor, input_tensor, group, groups)
-        return orig(output_tensor, input_tensor, group, async_op)
-
-    for owner, name, _ in bindings(orig, within="torch.distributed"):  # _functional_collectives: legacy_allgather_single
-        session.patcher.set(owner, name, all_gather_single)
-
-
-def _concatenated(big: torch.Tensor, piece: torch.Tensor, group: Any, groups: _Groups) -> torch.Tensor:
-    """``big`` (world_size × ``piece``'s elements) viewed as gloo wants it — pieces shaped as ``piece``,
-    concatenated along dim 0 — where nccl would take it as it is (any shape with those elements)."""
-    import torch.distributed as dist
-
-    shape = tuple(piece.shape)
-    if big.dim() == piece.dim() and tuple(big.shape[1:]) == shape[1:]:
-        return big  # already the concatenated layout (or a mismatch gloo should report itself)
-    if not groups.ours(group) or not big.is_contiguous():
-        return big
-    world = dist.get_world_size(group)
-    if big.numel() != world * piece.numel():
-        return big
-    return big.view((world * shape[0], *shape[1:]) if shape else (world,))
-
-
-def _premul_factor(op: Any) -> Any:
-    """The factor of a ``ReduceOp.PREMUL_SUM(factor)`` (``_make_nccl_premul_sum``), else None."""
-    import torch.distributed as dist
-
-    if getattr(op, "op", None) == dist.ReduceOp.RedOpType.PREMUL_SUM:
-        return getattr(op, "factor", None)
-    return None
-
-
-def _patch_reductions(session: Any, groups: _Groups) -> None:
-    """``reduce_scatter_tensor`` / ``reduce_scatter_single`` and ``all_reduce`` as nccl runs them, on gloo.
-
-    On the groups the adapter made gloo in place of nccl:
-
-    - ``reduce_scatter_tensor``'s input in any shape holding world_size × the output's elements (nccl's
-      rule; a (world, n) stack, say) is handed to gloo viewed as the outputs' concatenation along dim 0
-      (gloo checked ``outputShape[0] * worldSize == inputShape[0]`` and aborted the process);
-    - ``ReduceOp.PREMUL_SUM(factor)`` — nccl-only; FSDP2 uses it for a gradient divide factor other than
-      the group size (``set_gradient_divide_factor``) — becomes a SUM of the inputs multiplied by the
-      factor first, which is what nccl computes ("Cannot use ReduceOp.PREMUL_SUM with Gloo" before).
-      ``all_reduce`` multiplies its tensor in place (it is reduced in place anyway);
-      ``reduce_scatter`` multiplies a copy of its input.
-    """
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
-
-    orig_rs = getattr(c10d, "reduce_scatter_single", None)
-    if orig_rs is not None:
-        @functools.wraps(orig_rs)
-        def reduce_scatter_single(output: Any, input: Any, op: Any = dist.ReduceOp.SUM, group: Any = None,
-                                  async_op: bool = False) -> Any:
-            if isinstance(input, torch.Tensor) and isinstance(output, torch.Tensor) and groups.ours(group):
-                input = _concatenated(input, output, group, groups)
-                factor = _premul_factor(op)
-                if factor is not None:
-                    with torch.no_grad():
-                        input, op = input * factor, dist.ReduceOp.SUM
-            return orig_rs(output, input, op, group, async_op)
-
-        for owner, name, _ in bindings(orig_rs, within="torch.distributed"):
-            session.patcher.set(owner, name, reduce_scatter_single)
-
-    orig_ar = c10d.all_reduce
-
-    @functools.wraps(orig_ar)
-    def all_reduce(tensor: Any, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
-        factor = _premul_factor(op)
-        if factor is not None and isinstance(tensor, torch.Tensor) and groups.ours(group):
-            with torch.no_grad():
-                tensor.mul_(factor)
-            op = dist.ReduceOp.SUM
-        return orig_ar(tensor, op, group, async_op)
-
-    for owner, name, _ in bindings(orig_ar, within="torch.distributed"):
-        session.patcher.set(owner, name, all_reduce)
 
 
 def _keep_destroyed_gloo_groups(session: Any, chosen: set[int]) -> None:
