@@ -18,7 +18,7 @@ import pytest
 from conftest import run_cli
 
 SCRIPT = textwrap.dedent("""
-    import itertools, os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+    import datetime, itertools, os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
 
     OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "PREMUL"]
     FORMS = ["sync", "wait", "future", "then"]
@@ -47,8 +47,10 @@ SCRIPT = textwrap.dedent("""
             work.get_future().then(lambda f: f.value()).wait()
 
     def worker(rank, world):
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{os.environ['PORT']}", rank=rank,
-                                world_size=world)
+        # a file rendezvous (no port another test could take) and a bound: a collective that never
+        # completes is gloo's timeout error naming it, not a silent wait
+        dist.init_process_group("nccl", init_method=os.environ["RENDEZVOUS"], rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=120))
         dev = f"cuda:{rank}"
         fails, cases = [], 0
         val = lambda r, dtype: (torch.arange(4, device=dev) + 1 + 3 * r).to(dtype)
@@ -118,7 +120,8 @@ def _port() -> str:
 
 def _run(tmp_path, *flags: str):
     (tmp_path / "collectives.py").write_text(SCRIPT)
-    res = run_cli("run", *flags, str(tmp_path / "collectives.py"), cwd=tmp_path, timeout=300, env={"PORT": _port()})
+    res = run_cli("run", *flags, str(tmp_path / "collectives.py"), cwd=tmp_path, timeout=300,
+                  env={"RENDEZVOUS": f"file://{tmp_path / 'rendezvous'}"})
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return res
 
