@@ -170,21 +170,13 @@ class _StaticCharts:
         except ImportError:
             self.why = "kaleido is not installed (pip install 'torch_adapter[widgets]')"
             return None
-        import asyncio
-        import concurrent.futures
-
         try:
             if self.browser is None:
                 self._start()
             layout = fig.layout
             opts = {"format": "png", "width": layout.width or 700, "height": layout.height or 500, "scale": 1}
-            job = asyncio.run_coroutine_threadsafe(self.browser.calc_fig(fig.to_dict(), opts), self.loop)
-            try:
-                return job.result(timeout=self.RENDER_S + 5)
-            except concurrent.futures.TimeoutError:
-                job.cancel()
-                self._give_up(f"kaleido's Chrome drew no chart in {self.RENDER_S:.0f} s")
-                return None
+            return self._bounded(self.browser.calc_fig(fig.to_dict(), opts), self.RENDER_S + 5,
+                                 f"kaleido's Chrome drew no chart in {self.RENDER_S:.0f} s")
         except Exception as exc:  # no Chrome, a browser that did not start: the JSON and the table still show
             self._give_up(str(exc) if isinstance(exc, TimeoutError) else f"kaleido could not draw: "
                           f"{type(exc).__name__}" + (f": {str(exc).splitlines()[0][:200]}" if str(exc) else ""))
@@ -193,7 +185,6 @@ class _StaticCharts:
     def _start(self) -> None:
         import asyncio
         import atexit
-        import concurrent.futures
         import threading
 
         import kaleido
@@ -206,13 +197,21 @@ class _StaticCharts:
             await browser.open()
             return browser
 
-        job = asyncio.run_coroutine_threadsafe(open_browser(), self.loop)
+        self.browser = self._bounded(open_browser(), self.START_S,
+                                     f"kaleido's Chrome did not start in {self.START_S:.0f} s")
+        atexit.register(self.stop)
+
+    def _bounded(self, coro: Any, seconds: float, message: str) -> Any:
+        """``coro``'s result, run on the charts' loop; TimeoutError(``message``) past ``seconds``."""
+        import asyncio
+        import concurrent.futures
+
+        job = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
-            self.browser = job.result(timeout=self.START_S)
+            return job.result(timeout=seconds)
         except concurrent.futures.TimeoutError:
             job.cancel()
-            raise TimeoutError(f"kaleido's Chrome did not start in {self.START_S:.0f} s") from None
-        atexit.register(self.stop)
+            raise TimeoutError(message) from None
 
     def _give_up(self, why: str) -> None:
         self.why = why

@@ -22,7 +22,7 @@ a ``.then`` chain} (tests/test_nccl_semantics.py):
   nccl computes.
 
 Where a step must follow the collective (the integer division, a copy back), a synchronous call does
-it before returning, and an asynchronous one returns an ``NcclWork`` (:func:`nccl_work`): its ``wait()`` and its
+it before returning, and an asynchronous one returns an :class:`NcclWork`: its ``wait()`` and its
 future (``get_future()``, valued ``[tensor]`` as nccl's) complete only after the step.
 """
 
@@ -36,19 +36,14 @@ import torch
 
 from ..core.patching import bindings
 
-__all__ = ["nccl_work", "patch_gather_into_tensor", "patch_reductions"]
+__all__ = ["NcclWork", "patch_gather_into_tensor", "patch_reductions"]
 
 
-@functools.cache
-def nccl_work() -> type:
-    """The class of an ``NcclWork``, a ``torch.distributed.Work`` (made at first use: importing this module
-    imports no torch.distributed)."""
-    import torch.distributed as dist
-
-    return type("NcclWork", (_NcclWork, dist.Work), {"__module__": __name__})
+# torch imports torch.distributed itself; a build without it has no collectives to wrap
+_Work: Any = torch.distributed.Work if torch.distributed.is_available() else object
 
 
-class _NcclWork:
+class NcclWork(_Work):
     """The work of an asynchronous collective that needs a step after gloo's part (``finish``), or a
     future gloo's work lacks. ``wait()`` waits for gloo's work, then runs ``finish`` (once);
     ``get_future()`` is completed with ``result`` (nccl's value: the list of output tensors) after it."""
@@ -133,7 +128,7 @@ def _done(work: Any, async_op: bool, result: list[torch.Tensor], finish: Callabl
         return work
     if finish is None and not needs_future:
         return work
-    return nccl_work()(work, result, finish)
+    return NcclWork(work, result, finish)
 
 
 def _premul_factor(op: Any) -> Any:
@@ -149,6 +144,11 @@ def _is_avg(op: Any) -> bool:
     import torch.distributed as dist
 
     return op == dist.ReduceOp.AVG or getattr(op, "op", None) == dist.ReduceOp.RedOpType.AVG
+
+
+def _nccl_only(op: Any) -> bool:
+    """Is ``op`` one gloo may refuse or compute otherwise (PREMUL_SUM; AVG, on integer tensors)?"""
+    return _is_avg(op) or _premul_factor(op) is not None
 
 
 def _integer(t: torch.Tensor) -> bool:
@@ -173,26 +173,6 @@ def _divider(tensors: list[torch.Tensor], group: Any) -> Callable[[], None]:
                 t.div_(world, rounding_mode="trunc")
 
     return divide
-
-
-def _copier(dst: torch.Tensor, src: torch.Tensor) -> Callable[[], None]:
-    def copy() -> None:
-        with torch.no_grad():
-            dst.copy_(src)
-
-    return copy
-
-
-def _then(*steps: Callable[[], None] | None) -> Callable[[], None] | None:
-    steps_ = [s for s in steps if s is not None]
-    if not steps_:
-        return None
-
-    def run() -> None:
-        for step in steps_:
-            step()
-
-    return run
 
 
 def _reduction(op: Any, tensors: list[torch.Tensor], group: Any) -> tuple[Any, Callable[[], None] | None]:
@@ -228,7 +208,7 @@ def patch_reductions(session: Any, groups: Any) -> None:
     orig_ar = c10d.all_reduce
 
     def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = False) -> Any:
-        if not isinstance(tensor, torch.Tensor) or not groups.ours(group):
+        if not _nccl_only(op) or not isinstance(tensor, torch.Tensor) or not groups.ours(group):
             return orig_ar(tensor, op, group, async_op)
         factor = _premul_factor(op)
         if factor is not None:
@@ -244,16 +224,21 @@ def patch_reductions(session: Any, groups: Any) -> None:
 
     def reduce(tensor: Any, dst: Any = None, op: Any = SUM, group: Any = None, async_op: bool = False,
                group_dst: Any = None) -> Any:
-        if not isinstance(tensor, torch.Tensor) or not groups.ours(group):
+        if not _nccl_only(op) or not isinstance(tensor, torch.Tensor) or not groups.ours(group):
             return orig_reduce(tensor, dst, op, group, async_op, group_dst)
-        mine = _is_dst(group, dst, group_dst)
         factor = _premul_factor(op)
-        sent, copy_back = tensor, None
+        sent = tensor
         if factor is not None:  # a scaled copy: a rank other than dst keeps its tensor, as nccl leaves it
             sent, op = _scaled(tensor, factor), SUM
-            copy_back = _copier(tensor, sent) if mine else None
         op, divide = _reduction(op, [sent], group)
-        finish = _then(divide, copy_back) if mine else None
+        finish = None
+        if _is_dst(group, dst, group_dst) and (divide is not None or sent is not tensor):
+            def finish() -> None:
+                if divide is not None:
+                    divide()
+                if sent is not tensor:
+                    with torch.no_grad():
+                        tensor.copy_(sent)
         return _done(orig_reduce(sent, dst, op, group, async_op, group_dst), async_op, [tensor], finish)
 
     install(orig_reduce, reduce)
