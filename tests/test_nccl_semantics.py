@@ -18,10 +18,12 @@ import pytest
 from conftest import run_cli
 
 SCRIPT = textwrap.dedent("""
-    import datetime, itertools, os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+    import datetime, itertools, os, sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp
 
     OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "PREMUL"]
-    FORMS = ["sync", "wait", "future", "then"]
+    # "late": the future asked for after the collective completed (a loaded machine's order: its
+    # callback then runs inline, in the caller's thread); "poll": is_completed() until True, no wait()
+    FORMS = ["sync", "wait", "future", "then", "late", "poll"]
 
     def nccl_result(vals, op, world):  # what nccl computes, on host tensors
         st = torch.stack(vals)
@@ -43,8 +45,16 @@ SCRIPT = textwrap.dedent("""
         elif form == "future":
             value = work.get_future().wait()
             assert isinstance(value, list) and all(isinstance(t, torch.Tensor) for t in value), value
-        else:
+        elif form == "then":
             work.get_future().then(lambda f: f.value()).wait()
+        else:
+            deadline = time.monotonic() + 60
+            while not work.is_completed():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("is_completed() stayed False for 60 s")
+                time.sleep(0.001)
+            if form == "late":
+                work.get_future().wait()
 
     def worker(rank, world):
         # a file rendezvous (no port another test could take) and a bound: a collective that never
@@ -129,7 +139,7 @@ def _run(tmp_path, *flags: str):
 def _check(res) -> None:
     out = res.stdout
     for rank in (0, 1):
-        assert f"rank {rank}: 200 cases, 0 failures" in out, "\n".join(
+        assert f"rank {rank}: 300 cases, 0 failures" in out, "\n".join(
             line for line in out.splitlines() if line.startswith(f"rank {rank}"))[:4000]
 
 

@@ -5,14 +5,15 @@ groups the adapter made gloo (``groups.ours``: the default group of ``init_proce
 ``new_group(backend="nccl")``, subgroups made with no backend — redirect/distributed.py's ``_Groups``),
 each collective below gets nccl's semantics; a gloo group the program asked for itself keeps gloo's.
 Measured on torch 2.13's gloo, two ranks, every collective × op × {sync, ``wait()``, ``get_future()``,
-a ``.then`` chain} (tests/test_nccl_semantics.py):
+a ``.then`` chain, a future asked for late, ``is_completed()`` polled} (tests/test_nccl_semantics.py):
 
 - ``all_gather_into_tensor`` into a flat output (accelerate's ``gather``): gloo wants the pieces
   concatenated along dim 0; an input that requires grad made gloo fail;
 - ``reduce_scatter_tensor`` from a (world, n) stack: gloo checked ``outputShape[0] * worldSize ==
   inputShape[0]``;
 - ``reduce_scatter_tensor`` / ``reduce_scatter`` with ``async_op=True``: gloo's work has no future
-  ("Work::getFuture not implemented") — an optimizer that overlaps its communication chains on it;
+  ("Work::getFuture not implemented") — an optimizer that overlaps its communication chains on it —
+  and its ``is_completed()`` stays False until someone waits (a polling loop spins for good);
 - ``ReduceOp.AVG`` on integer tensors: gloo divides in floating point and fails ("result type Float
   can't be cast to the desired output type Long"); nccl sums and divides in the integer type
   (truncating), so does the adapter;
@@ -51,12 +52,15 @@ class NcclWork(_Work):
     def __init__(self, inner: Any, result: list[torch.Tensor], finish: Callable[[], None] | None = None) -> None:
         super().__init__()
         self._inner, self._result, self._finish = inner, result, finish
-        self._lock = threading.Lock()
+        # two locks: a future asked for after gloo's work completed runs its callback (``_complete``)
+        # inline, in the thread that asks — inside ``get_future`` — so the two must not share one
+        # (one lock deadlocked a rank on a loaded machine: tests/test_nccl_semantics.py, form "late")
+        self._finish_lock, self._future_lock = threading.Lock(), threading.Lock()
         self._finished = False
         self._future: Any = None
 
     def _complete(self) -> list[torch.Tensor]:
-        with self._lock:
+        with self._finish_lock:
             if not self._finished:
                 self._finished = True
                 if self._finish is not None:
@@ -72,18 +76,23 @@ class NcclWork(_Work):
         return True
 
     def get_future(self) -> Any:
-        with self._lock:
-            if self._future is not None:
-                return self._future
-            try:
-                inner = self._inner.get_future()
-            except RuntimeError:  # gloo's reduce_scatter: "Work::getFuture not implemented."
-                inner = None
-            if inner is not None:
-                self._future = inner.then(lambda fut: (fut.value(), self._complete())[1])
-                return self._future
-            future: Any = torch.futures.Future()
-            self._future = future
+        with self._future_lock:
+            if self._future is None:
+                try:
+                    inner = self._inner.get_future()
+                except RuntimeError:  # gloo's reduce_scatter: "Work::getFuture not implemented."
+                    inner = None
+                if inner is not None:
+                    self._future = inner.then(lambda fut: (fut.value(), self._complete())[1])
+                else:
+                    self._future = self._waited()
+            return self._future
+
+    def _waited(self) -> Any:
+        """A future completed by a thread that waits for gloo's work: the only way to learn that a work
+        without a future is done — gloo's reduce_scatter work also answers ``is_completed()`` False until
+        someone waits (measured on torch 2.13), where nccl's turns True by itself."""
+        future: Any = torch.futures.Future()
 
         def complete() -> None:
             try:
@@ -97,7 +106,15 @@ class NcclWork(_Work):
         return future
 
     def is_completed(self) -> bool:
-        return self._finished or (self._inner.is_completed() and self._finish is None)
+        """True once gloo's part is done and the step after it ran — a program that polls instead of
+        waiting (``while not work.is_completed()``) runs the step here, as nccl's work is complete then."""
+        if self._finished:
+            return True
+        if self._inner.is_completed():
+            if self._inner.is_success():
+                self._complete()
+            return True
+        return self.get_future().done()  # for a work without a future of its own, the waiting thread's
 
     def is_success(self) -> bool:
         return self._inner.is_success()
