@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = measure(args.repeats, SHAPES[:2] if args.quick else SHAPES, backward=not args.quick)
         _print(data, args.threads)
-        out = None if args.figures else Path(__file__).parent / "results"
+        out = harness.FIGURES_DIR if args.figures else None
         harness.write_meta_json("attention_dtype", {"threads": args.threads, **data}, out)  # (while set: its meta)
     finally:
         torch.set_num_threads(before)

@@ -6,7 +6,7 @@ and findings. Goal (issue 4): >= 300 files/s on 2 cores.
     python benchmarks/bench_check.py --jobs 1 --repeats 1
     python benchmarks/bench_check.py --path ./my-project
 
-Prints a table and writes docs/figures/check.json. The figure is the median over
+Prints a table and writes benchmarks/results/check.json (docs/figures/check.json with ``--figures``). The figure is the median over
 repeats of (files scanned) / (wall time of scan()), discovery and worker start-up included;
 files per CPU-second (this process and its workers) is printed too, as it is what a busy
 shared machine cannot disturb.
@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 GOAL = 300.0  # files per second
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "figures"  # committed (docs/figures/README.md)
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"  # git-ignored: a run writes here unless asked (--figures)
+FIGURES = ROOT / "docs" / "figures"  # committed (docs/figures/README.md)
 
 __all__ = ["GOAL", "package_dir", "bench_tree", "main"]
 
@@ -71,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--path", action="append", help="trees to scan (default: installed diffusers, transformers)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", default="check", help="docs/figures/NAME.json (default check)")
+    parser.add_argument("--json", default="check", help="the file's NAME (default check)")
+    parser.add_argument("--figures", action="store_true", help="write docs/figures/NAME.json (the committed figure)")
     args = parser.parse_args(argv)
     paths = [Path(p) for p in args.path] if args.path else [
         p for p in (package_dir("diffusers"), package_dir("transformers")) if p is not None]
@@ -108,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
               "trees": rows, "total": total,
               "meta": {"python": platform.python_version(), "machine": platform.machine(),
                        "cpus": os.cpu_count(), "loadavg": load, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"{args.json}.json"
+    folder = FIGURES if args.figures else RESULTS
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"{args.json}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{total['files_per_s']:.0f} files/s ({'meets' if total['goal_met'] else 'below'} the goal of "
           f"{GOAL:g}); {total['files_per_cpu_s']:.0f} files per CPU-second; load average "

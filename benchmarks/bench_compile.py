@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     cache = "empty (--cold)" if args.cold else "as found (warm if compiled before)"
     for result in results:
         result.meta.update(compile_s=dict(COMPILE_S), inductor_cache=cache)
-        folder = Path(args.json).parent if args.json and Path(args.json).parent != Path(".") else None
+        folder = harness.json_folder(args.json) if args.json else None
         harness.write_json(result, folder)  # again, now with the compile times
         base = result.configs[0]
         for cfg in result.configs:

@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                       for k in ("rf_floor", "observer", "trace")))
         result.meta["ns_per_op"] = {c.name: round((c.median_s - plain) / ops * 1e9, 1) for c in result.configs[1:]}
         target = Path(args.json)
-        print(f"wrote {harness.write_json(result, target.parent if target.parent != Path('.') else None)}")
+        print(f"wrote {harness.write_json(result, harness.json_folder(target))}")
     return 0
 
 

@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     result["conditions_end"] = harness.conditions(args.threads, own=args.threads)  # one sample runs at a time
     result["loaded"] = result["conditions_start"]["loaded"] or result["conditions_end"]["loaded"]
     result["seconds"] = round(time.time() - t0, 1)
-    out_dir = harness.RESULTS_DIR if args.figures else ROOT / "benchmarks" / "results"
+    out_dir = harness.FIGURES_DIR if args.figures else harness.RESULTS_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{args.name}.json"
     if args.merge and path.exists():

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{share * 100:6.1f} %  {ms:8.1f} ms/step  {name}")
         if args.json:
             harness.write_meta_json(f"{Path(args.json).stem}_top_ops", {"ops": [
-                {"op": n, "share": sh, "ms_per_step": ms} for n, sh, ms in rows]})
+                {"op": n, "share": sh, "ms_per_step": ms} for n, sh, ms in rows]}, harness.json_folder(args.json))
         return 0
     configs = harness.select(_configs() + _levers(), args.configs or ",".join(c.name for c in _configs()))
     drift = loss_drift(configs, args.drift_steps)  # also warms the compile cache before timing
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                                     quick={"repeats": 3, "steps": 2, "warmup": 1, "min_block": 0})
     for result in results:
         result.meta.update(loss_drift=drift)
-        folder = Path(args.json).parent if args.json and Path(args.json).parent != Path(".") else None
+        folder = harness.json_folder(args.json) if args.json else None
         harness.write_json(result, folder)
         base = result.configs[0]
         for cfg in result.configs:

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {fn['ms_per_step']:8.3f} ms  {fn['calls_per_step']:7.1f} calls  {fn['function']}")
             if args.json:
                 harness.write_meta_json(f"{Path(args.json).stem}_{name}_attribution", row,
-                                        Path(args.json).parent if Path(args.json).parent != Path(".") else None)
+                                        harness.json_folder(args.json))
         return 0
     configs = [harness.plain(), harness.adapted(args.target, goal=GOAL),
                harness.plain(name="plain_again")]  # A/A noise control, on request

@@ -26,7 +26,8 @@ load (the spikes are one-sided: a block is only ever slowed down), while adjacen
 the fastest blocks and CPU time swing less; read them together.
 
 :func:`print_table` renders a rich table; :func:`write_json` writes
-``docs/figures/NAME.json`` (committed: the figures the docs quote; docs/figures/README.md). The CLI helpers give every ``bench_*.py``
+``benchmarks/results/NAME.json`` (git-ignored), or ``docs/figures/NAME.json`` when asked (``--json NAME``:
+the committed figures the docs quote; docs/figures/README.md). The CLI helpers give every ``bench_*.py``
 script the same arguments.
 """
 
@@ -57,13 +58,27 @@ __all__ = [
     "print_table",
     "write_json",
     "RESULTS_DIR",
+    "FIGURES_DIR",
+    "json_folder",
     "conditions",
     "add_arguments",
     "select",
     "run_from_args",
 ]
 
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "docs" / "figures"
+_ROOT = Path(__file__).resolve().parent.parent
+# Where a run writes unless told: benchmarks/results/ (git-ignored). The committed figures the docs quote
+# (docs/figures/, docs/figures/README.md) are written only when asked — a bare ``--json NAME`` or
+# ``--figures`` — so a trial run on a loaded machine cannot replace a quoted figure by accident.
+RESULTS_DIR = _ROOT / "benchmarks" / "results"
+FIGURES_DIR = _ROOT / "docs" / "figures"
+
+
+def json_folder(json_arg: str | Path) -> Path:
+    """The folder ``--json`` names: a bare NAME means the committed figures (docs/figures/NAME.json, the
+    commands docs/figures/README.md lists); a path with a folder is used as given."""
+    parent = Path(json_arg).parent
+    return FIGURES_DIR if parent == Path(".") else parent
 
 
 @dataclass(frozen=True)
@@ -376,7 +391,7 @@ def print_table(result: BenchResult, console: Any = None) -> None:
 
 
 def write_json(result: BenchResult, directory: str | Path | None = None) -> Path:
-    """Write ``DIRECTORY/NAME.json`` (default ``docs/figures/``); returns the path."""
+    """Write ``DIRECTORY/NAME.json`` (default ``benchmarks/results/``); returns the path."""
     directory = Path(directory) if directory is not None else RESULTS_DIR
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{result.name}.json"
@@ -416,8 +431,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, workloads: Sequence[str],
     parser.add_argument("--order", choices=("abab", "abba"), default="abab", help="interleaving order")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the run")
     parser.add_argument("--json", default=None, metavar="NAME",
-                        help="write docs/figures/NAME.json (default NAME: script_workload); "
-                             "a path with a folder is used as given")
+                        help="write docs/figures/NAME.json (the committed figures); a path with a folder is "
+                             "used as given (default: benchmarks/results/SCRIPT_WORKLOAD.json)")
     parser.add_argument("--configs", default=None, metavar="A,B,...",
                         help="configurations to compare, baseline first (default: all the script has)")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
@@ -465,7 +480,7 @@ def run_from_args(args: argparse.Namespace, workload_list: Sequence[Any],
         if args.json:
             target = Path(args.json)
             stem = target.stem if target.suffix == ".json" else target.name
-            directory = target.parent if target.parent != Path(".") else None
+            directory = json_folder(target)
             result.name = f"{stem}_{workload.name}" if len(workload_list) > 1 else stem
         else:
             directory = None

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     for op, row in rows:
         print(f"  {op[:52]:52s} {row['plain']:9.0f} {row['adapted']:9.0f} us  {row['difference']:+8.0f}  "
               f"({row['calls']:.0f} calls)")
-    out_dir = harness.RESULTS_DIR if args.figures else ROOT / "benchmarks" / "results"
+    out_dir = harness.FIGURES_DIR if args.figures else harness.RESULTS_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"lowp_attribution_{args.kind}_{args.program.replace(':', '_').replace('@', '_')}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")

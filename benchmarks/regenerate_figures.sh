@@ -14,5 +14,5 @@ python benchmarks/bench_redirect.py --workload all --attribute --json redirect
 python benchmarks/bench_observe.py --repeats 15 --configs plain,observe,plain_again --json observe
 python benchmarks/bench_simulate.py --threads 1 --repeats 9 --json simulate
 python benchmarks/bench_compile.py --quick --json compile
-python benchmarks/bench_check.py
+python benchmarks/bench_check.py --figures
 python benchmarks/bench_attention_dtype.py --figures

@@ -228,3 +228,45 @@ def test_decode_split_measures_each_observation_layer_against_the_redirected_ste
     import torch_adapter
 
     assert torch_adapter.current() is None  # the split leaves no session behind
+
+
+def test_a_run_writes_the_committed_figures_only_when_asked(tmp_path, capsys):
+    """No --json: benchmarks/results/ (git-ignored); a bare --json NAME: docs/figures/ (the commands
+    docs/figures/README.md lists); a path: as given. Before, a run with no flag wrote into docs/figures/."""
+    import subprocess
+
+    assert harness.json_folder("optimize") == harness.FIGURES_DIR == ROOT / "docs" / "figures"
+    assert harness.json_folder(tmp_path / "x.json") == tmp_path
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(harness.RESULTS_DIR / "probe.json")], cwd=ROOT)
+    assert ignored.returncode == 0, "benchmarks/results/ must be git-ignored"
+    parser = argparse.ArgumentParser()
+    harness.add_arguments(parser, workloads=["mlp"])
+    args = parser.parse_args(["--workload", "mlp", "--configs", "plain", "--repeats", "1", "--steps", "1",
+                              "--warmup", "0", "--min-block", "0", "-q"])
+    name = f"test_default_folder_{os.getpid()}"
+    harness.run_from_args(args, [workloads.mlp], [harness.plain("cpu")], default_name=name)
+    written = harness.RESULTS_DIR / f"{name}_mlp.json"
+    try:
+        assert written.exists() and f"wrote {written}" in capsys.readouterr().out
+        assert not (harness.FIGURES_DIR / written.name).exists()
+    finally:
+        written.unlink(missing_ok=True)
+
+
+def test_bench_check_writes_its_figure_only_with_figures(tmp_path):
+    import subprocess
+
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "a.py").write_text("import torch\nx = torch.zeros(2).cuda()\n")
+    name = f"test_check_{os.getpid()}"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_check.py"), "--path", str(tmp_path / "tree"),
+           "--repeats", "1", "--jobs", "1", "--json", name]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    written = ROOT / "benchmarks" / "results" / f"{name}.json"
+    try:
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert f"wrote {written}" in res.stdout.replace("\n", "") or str(written) in res.stdout, res.stdout
+        assert json.loads(written.read_text())["total"]["files"] == 1
+        assert not (ROOT / "docs" / "figures" / f"{name}.json").exists()
+    finally:
+        written.unlink(missing_ok=True)

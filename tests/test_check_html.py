@@ -7,13 +7,11 @@ import os
 from collections import Counter
 from pathlib import Path
 
-import pytest
 
 from torch_adapter.check.engine import scan
 from torch_adapter.check.html_report import html_context, render_html
 from torch_adapter.check.runtime import join_runtime
 
-CHROMIUM = "/usr/bin/chromium"
 CORPUS = Path(__file__).parent / "data" / "check_corpus"
 ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -57,9 +55,7 @@ def test_clean_report_renders(tmp_path):
     assert "No CUDA-specific code found." in html and "Every file was read completely." in html
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                    reason=f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`")
-def test_report_in_chromium(tmp_path):
+def test_report_in_chromium(tmp_path, chromium):
     from playwright.sync_api import sync_playwright
 
     report = _report()
@@ -71,7 +67,7 @@ def test_report_in_chromium(tmp_path):
     problems: list[str] = []
     requests: list[str] = []
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = pw.chromium.launch(executable_path=chromium, args=ARGS)
         try:
             page = browser.new_page()
             page.on("console", lambda m: problems.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
@@ -115,3 +111,22 @@ def test_report_in_chromium(tmp_path):
             browser.close()
     assert not problems, problems
     assert all(url.startswith("file://") for url in requests), requests
+
+
+def test_a_browser_test_fails_in_ci_when_chromium_is_missing():
+    """CI must not stay green with every browser test skipped: the ``chromium`` fixture (conftest)
+    skips on a developer's machine without it and fails where ``CI`` is set."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    test = f"{Path(__file__).name}::test_report_in_chromium"
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS")}
+    env["TORCH_ADAPTER_TEST_CHROMIUM"] = "/nonexistent/chromium"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-rs", test]
+    here = subprocess.run(cmd, cwd=ROOT / "tests", env=env, capture_output=True, text=True, timeout=120)
+    assert here.returncode == 0 and "1 skipped" in here.stdout, here.stdout[-2000:]
+    assert "/nonexistent/chromium is missing" in here.stdout
+    ci = subprocess.run(cmd, cwd=ROOT / "tests", env={**env, "CI": "true"}, capture_output=True, text=True, timeout=120)
+    assert ci.returncode == 1 and "CI has no browser for this test" in ci.stdout, ci.stdout[-2000:]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import socket
 import textwrap
 import warnings
 
@@ -19,7 +18,7 @@ import pytest
 import torch
 
 import torch_adapter
-from conftest import run_cli
+from conftest import free_port, run_cli
 from torch_adapter.errors import UsageError
 
 
@@ -120,14 +119,9 @@ SPAWN_OVER_DEVICES = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_mp_spawn_over_device_count_starts_that_many_ddp_ranks(tmp_path):
-    port = _free_port()
+    port = free_port()
     (tmp_path / "spawn.py").write_text(SPAWN_OVER_DEVICES)
     res = run_cli("run", "--device-count", "2", str(tmp_path / "spawn.py"), cwd=tmp_path, timeout=300,
                   env={"PORT": str(port)})
@@ -138,7 +132,7 @@ def test_mp_spawn_over_device_count_starts_that_many_ddp_ranks(tmp_path):
         # repeated once on a new port; a second death fails the test.
         warnings.warn(f"spawn.py: a rank died of a signal; trying once more. Its output:\n"
                       f"{res.stdout[-2000:]}\n{res.stderr[-6000:]}", stacklevel=1)
-        port = _free_port()
+        port = free_port()
         res = run_cli("run", "--device-count", "2", str(tmp_path / "spawn.py"), cwd=tmp_path, timeout=300,
                       env={"PORT": str(port)})
     assert res.returncode == 0, res.stdout[-2000:] + "\n" + res.stderr[-6000:]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import subprocess
 import textwrap
 
-import pytest
 
 from conftest import run_cli
 

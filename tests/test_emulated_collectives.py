@@ -21,7 +21,6 @@ import copy
 import functools
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -531,16 +530,12 @@ pytestmark = pytest.mark.skipif(not _can_run(), reason="no C++ compiler or ninja
                                 "(torch_private.can_build_extensions()): the emulated device cannot be built")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(tmp: Path) -> tuple[dict[int, dict[str, str]], str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", "OMP_NUM_THREADS": "1"}
     env.pop("TORCH_ADAPTER_AUTOINSTALL", None)
-    port, port2 = _free_port(), _free_port()
+    from conftest import free_port  # here, not at the top: each rank runs this file as its script
+
+    port, port2 = free_port(), free_port()
     procs = []
     for rank in range(WORLD):
         log = open(tmp / f"rank{rank}.log", "w")  # noqa: SIM115 - closed below

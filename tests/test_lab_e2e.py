@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -22,10 +21,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from conftest import ROOT
+from conftest import CHROMIUM, NEEDS_CHROMIUM, ROOT, free_port
 
 MIME = "application/vnd.torch-adapter.routing+json"
-CHROMIUM = "/usr/bin/chromium"
 TOKEN = "torch-adapter-e2e"
 NOTEBOOK = "cuda_cells.ipynb"
 ARTIFACT = ROOT / "test-artifacts" / "lab.png"
@@ -61,17 +59,9 @@ ARTIFACTS = ROOT / "test-artifacts"
 TIMES = ARTIFACTS / "lab-run-all.json"
 SITE = r"cell \[\d+\], line \d+"
 
-# every browser test's skip: the Lab tests import it from here
-NEEDS_CHROMIUM = pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                                    reason="Debian's Chromium is not installed (apt-get install -y chromium; .ci/run does it)")
 
 pytestmark = [pytest.mark.timeout(240), NEEDS_CHROMIUM]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout: float = 90) -> None:
@@ -120,7 +110,7 @@ def start_lab(root: Path, settings_extra: dict | None = None):
            "JUPYTER_RUNTIME_DIR": str(root / ".runtime"),
            "PYTHONUNBUFFERED": "1"}
     env.pop("TORCH_ADAPTER_AUTOINSTALL", None)
-    port = _free_port()
+    port = free_port()
     log = root / "lab.log"
     with log.open("w") as out:
         proc = subprocess.Popen(

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from conftest import run_cli
+from conftest import free_port, run_cli
 
 DDP_SCRIPT = textwrap.dedent("""
     import os, torch, torch.distributed as dist
@@ -74,17 +74,10 @@ def scripts(tmp_path):
     return tmp_path
 
 
-def free_port() -> str:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
 
 LAUNCH = {
     "accelerate": ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                   "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", free_port()],
+                   "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())],
     "torchrun": ["torchrun", "--standalone", "--nproc-per-node", "2"],
 }
 

@@ -11,11 +11,10 @@ inputs multiplied by f; an async collective's future holds ``[output]``.
 
 from __future__ import annotations
 
-import socket
 import textwrap
 
 import pytest
-from conftest import run_cli
+from conftest import free_port, run_cli
 
 SCRIPT = textwrap.dedent("""
     import datetime, itertools, os, sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp
@@ -122,11 +121,6 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
 
 def _run(tmp_path, *flags: str):
     (tmp_path / "collectives.py").write_text(SCRIPT)
@@ -177,6 +171,6 @@ def test_a_gloo_group_the_program_asked_for_keeps_gloos_futures(tmp_path):
         if __name__ == "__main__":
             mp.spawn(worker, args=(2,), nprocs=2)
     """))
-    res = run_cli("run", str(tmp_path / "own.py"), cwd=tmp_path, timeout=300, env={"PORT": _port()})
+    res = run_cli("run", str(tmp_path / "own.py"), cwd=tmp_path, timeout=300, env={"PORT": str(free_port())})
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.count("Work::getFuture not implemented") == 2, res.stdout

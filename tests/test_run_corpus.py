@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import zipfile
@@ -13,13 +12,8 @@ import zipfile
 import pytest
 import torch
 
-from conftest import CORPUS, run_cli
+from conftest import CORPUS, free_port, run_cli
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # These three assert the float16 dtypes they asked for (`x.to(dev, torch.float16).dtype ==

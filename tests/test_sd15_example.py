@@ -13,14 +13,13 @@ import os
 import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, free_port, run_cli
 
 EXAMPLE = ROOT / "examples" / "sd15_training"
 SCRIPT = EXAMPLE / "train.py"
@@ -51,11 +50,6 @@ def _final(stdout: str, steps: int) -> float:
     assert math.isfinite(loss) and loss > 0, loss
     return loss
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _show(res: subprocess.CompletedProcess) -> str:
@@ -182,7 +176,7 @@ def test_captions_describe_the_images():
 def test_torchrun_two_processes(tmp_path):
     torchrun = shutil.which("torchrun")
     launcher = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
-    cmd = [*launcher, "--nproc-per-node", "2", "--master-port", str(_free_port()), "-m", "torch_adapter", "run",
+    cmd = [*launcher, "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "torch_adapter", "run",
            str(SCRIPT), "--max-steps", "2", "--output-dir", str(tmp_path), *SMALL]
     env = {k: v for k, v in os.environ.items() if k != "TORCH_ADAPTER_AUTOINSTALL"} | ENV
     env["PYTHONUNBUFFERED"] = "1"

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import textwrap
-import warnings
 from pathlib import Path
 
 import nbformat
@@ -245,12 +244,9 @@ def test_a_site_through_a_library_leads_with_the_users_line():
     assert re.fullmatch(rf"test_user_errors\.py:{line} via transformers/activations\.py:\d+", text), text
 
 
-def test_the_trace_table_fits_a_notebook_output(tmp_path):
+def test_the_trace_table_fits_a_notebook_output(tmp_path, chromium):
     """Rendered in Chromium at a notebook output's width (~900 px) with Lab's table rules."""
     sync_api = pytest.importorskip("playwright.sync_api")
-    chromium = "/usr/bin/chromium"
-    if not Path(chromium).exists():
-        pytest.skip("Debian's Chromium is not installed (apt-get install -y chromium)")
     from torch_adapter.jupyter.magics import _log_html
     from torch_adapter.routing.log import RoutingLog
 

@@ -743,7 +743,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append", default=[], help="run only cases whose name contains this")
     ap.add_argument("--work", type=Path, help="work folder (default: a new temporary folder)")
     ap.add_argument("--json", help="where the JSON goes (default benchmarks/results/realworld.json, or with "
-                    "--compare-cpu docs/figures/realworld-<target>.json)")
+                    "--compare-cpu benchmarks/results/realworld-<target>.json; the committed figure: "
+                    "--json docs/figures/realworld-<target>.json)")
     ap.add_argument("--timeout", type=int, help="per-case timeout in seconds (default: per case)")
     ap.add_argument("--target", help="the target every case runs on (torch-adapter run --target; default: auto)")
     ap.add_argument("--emulate", action="store_true", help="run on the emulated TARGET (npu): --target npu --emulate")
@@ -780,8 +781,9 @@ def main(argv: list[str] | None = None) -> int:
     passes = [("reference", CPU_REFERENCE, False)] if args.compare_cpu else []
     passes.append(("target", flags, report))
     label = _label(flags)
-    json_path = args.json or str(ROOT / ("docs/figures/realworld-" + label + ".json" if args.compare_cpu
-                                         else "benchmarks/results/realworld.json"))
+    # the committed docs/figures/realworld-*.json only when named (--json): a trial run lands in results/
+    json_path = args.json or str(ROOT / "benchmarks" / "results" / (f"realworld-{label}.json" if args.compare_cpu
+                                                                     else "realworld.json"))
     meta = _meta(sys.argv if argv is None else ["run.py", *argv])
     results = []
     for case in CASES:
