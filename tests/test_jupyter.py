@@ -483,3 +483,19 @@ def test_dtype_findings_are_their_own_kind_in_the_pill_trace_and_inspector(ip):
     assert bundles[-1][schema.MIME]["dtypes"]["judged"] is False
     assert "dtypes not judged" in bundles[-1]["text/plain"]
     ip.run_line_magic("adapter", "target auto")
+
+
+def test_each_inspector_replaces_the_last_ones_listener(ip):
+    """Before: every %adapter_inspector added a listener that stayed (n inspectors, n updates a cell)."""
+    router = extension._ROUTER
+    before = len(router.listeners)
+    first, _ = _open_inspector(ip)
+    second, _ = _open_inspector(ip)
+    assert len(router.listeners) == before + 1 and second._on_cell in router.listeners
+    run(ip, CUDA_CELL)
+    assert len(second.cells) == 1 and len(first.cells) == 0  # the earlier one keeps what it showed
+    second.close()
+    assert len(router.listeners) == before
+    third, _ = _open_inspector(ip)
+    ip.run_line_magic("unload_ext", "torch_adapter")
+    assert router.listeners == []

@@ -89,6 +89,18 @@ class RoutingInspector(w.VBox):
         router.listeners.append(inspector._on_cell)
         return inspector
 
+    def detach(self) -> None:
+        """Stop following cells: the router no longer calls this inspector (it keeps what it shows).
+        ``%adapter_inspector`` detaches the one it opened before, ``close()`` and ``%unload_ext`` too —
+        a listener left attached per inspector kept every old one updating, and alive, for good."""
+        listeners = getattr(self.router, "listeners", None)
+        while listeners is not None and self._on_cell in listeners:
+            listeners.remove(self._on_cell)
+
+    def close(self) -> None:
+        self.detach()
+        super().close()
+
     def _on_cell(self, payload: dict[str, Any]) -> None:
         tables = getattr(self.router, "tables", None)
         self.update(payload, rows=tables[-1] if tables else None)

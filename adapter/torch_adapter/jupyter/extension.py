@@ -279,6 +279,7 @@ def unload_ipython_extension(ipython: Any) -> None:
     cell_router, _ROUTER = _ROUTER, None
     if cell_router is not None:
         cell_router.unregister()
+        cell_router.listeners.clear()  # the inspectors it fed keep what they show and follow nothing
         magics = ipython.magics_manager.registry.pop("AdapterMagics", None)
         if magics is not None:
             for kind in ("line", "cell"):

@@ -176,6 +176,9 @@ class AdapterMagics(Magics):
             raise UsageError(f"%adapter_inspector needs the widgets extra: pip install 'torch-adapter[widgets]' ({exc})")
         from IPython.display import display
 
+        previous = self.shell.user_ns.get("_adapter_inspector")
+        if isinstance(previous, RoutingInspector):  # one live inspector: the earlier one keeps what it shows
+            previous.detach()
         inspector = RoutingInspector.attach(self.router)
         self.shell.user_ns["_adapter_inspector"] = inspector
         # A display handle: front ends that follow display updates (nbclient, nbconvert) keep
