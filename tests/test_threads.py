@@ -277,3 +277,38 @@ def test_a_first_import_of_dynamo_does_not_unpatch_torch_for_other_threads():
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]
+
+
+def test_a_thread_that_outlives_trace_leaves_with_no_recorder_on_its_stack():
+    """A pool thread followed by trace(threads=True) kept its recorder on its own dispatch-mode stack
+    after the block (every op through a Python mode for the thread's life); now it leaves at the
+    thread's next op."""
+    import threading
+
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    torch_adapter.install(target="mps", simulate=True)
+    a = torch.randn(4, 4, device="cuda")
+    first, go_on, stacks = threading.Event(), threading.Event(), []
+
+    def mm():
+        return torch.mm(a, a)
+
+    def pool():
+        mm()
+        stacks.append([type(m).__name__ for m in _get_current_dispatch_mode_stack()])
+        first.set()
+        go_on.wait(60)
+        mm()  # the first op after the block: the recorder sees it is retired
+        mm()
+        stacks.append([type(m).__name__ for m in _get_current_dispatch_mode_stack()])
+
+    with torch_adapter.trace(use_observer=False, threads=True) as log:
+        t = threading.Thread(target=pool)
+        t.start()
+        assert first.wait(60)
+    go_on.set()
+    t.join(60)
+    assert "Recorder" in stacks[0], stacks  # followed while the block ran
+    assert "Recorder" not in stacks[1], stacks
+    assert log.summary()["native"] == 1

@@ -46,6 +46,7 @@ def _recorder_class() -> type:
             self.key = key
             self.logs: list[RoutingLog] = []
             self._decisions: dict[Any, Any] = {}
+            self.retired = False  # a followed thread's, after its trace() ended: leaves the thread's stack
 
         @classmethod
         def ignore_compile_internals(cls) -> bool:
@@ -57,7 +58,9 @@ def _recorder_class() -> type:
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if not self.logs or internal_active():  # no block listening (a followed thread that outlived
-                return func(*args, **(kwargs or {}))  # its trace()), or torch_adapter's own work: not recorded
+                if self.retired:                      # its trace()), or torch_adapter's own work: not recorded
+                    self._leave_soon()
+                return func(*args, **(kwargs or {}))
             d = self._decisions.get(func)
             if d is None:
                 d = self._decisions[func] = self.decide(func.name())
@@ -75,6 +78,31 @@ def _recorder_class() -> type:
                     d, st.decided = st.decided, None
                 for log in self.logs:
                     log.add_decision(d, self_time_ns=dt - children, parent=parent, find_site=True)
+
+        def _leave_soon(self) -> None:
+            """Off this thread's mode stack at its next Python event where the recorder is on top (inside
+            its own dispatch torch holds it off the stack). A mode stack is the thread's own: the block that
+            followed the thread cannot pop it there, so a pool thread kept a recorder — every op through
+            Python — for the rest of its life."""
+            import sys
+
+            from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+            self.retired = False  # once: the profile function below does it
+            previous = sys.getprofile()
+
+            def leave(frame: Any, event: str, arg: Any) -> None:
+                if _get_current_dispatch_mode() is self:
+                    sys.setprofile(previous)
+                    try:
+                        self.__exit__(None, None, None)
+                    except Exception as exc:  # never the user's thread's error: the recorder only passes ops on
+                        print(f"torch_adapter: a finished trace()'s recorder could not leave its thread "
+                              f"({type(exc).__name__}: {exc}); it passes the thread's ops through", file=sys.stderr)
+                    if getattr(state, "recorder", None) is self:
+                        state.recorder = None
+
+            sys.setprofile(leave)
 
     return Recorder
 
@@ -352,8 +380,9 @@ def _following_threads(log: RoutingLog, engine: Any, decide: Any, key: Any) -> I
     finally:
         open_[0] = False
         threading.setprofile(previous)
-        for recorder in followed:  # a thread that outlives the block (a pool) records no more into it
-            recorder.logs = []
+        for recorder in followed:  # a thread that outlives the block (a pool) records no more into it,
+            recorder.logs = []     # and its recorder leaves that thread's stack at its next op
+            recorder.retired = True
 
 
 @contextlib.contextmanager
