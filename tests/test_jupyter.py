@@ -150,7 +150,7 @@ def test_a_target_switch_tells_the_front_end(ip):
     assert cap.stdout == "torch_adapter: target mps (simulated on cpu)\n"
     assert [(s["target"], s["simulated"]) for s in sent] == [("mps", True)]
     state = extension.front_end_state()
-    assert state["status"]["target"] == "mps" and state["payloads"] == router.payloads
+    assert state["status"]["target"] == "mps" and state["payloads"] == list(router.payloads)
 
 
 @pytest.mark.parametrize("line,match", [
@@ -499,3 +499,19 @@ def test_each_inspector_replaces_the_last_ones_listener(ip):
     third, _ = _open_inspector(ip)
     ip.run_line_magic("unload_ext", "torch_adapter")
     assert router.listeners == []
+
+
+def test_the_kept_cells_are_bounded_and_a_refresh_gets_each_cells_latest(ip):
+    """Before: payloads and op tables grew for the kernel's life, and front_end_state sent them all."""
+    router = extension.router()
+    for i in range(3):  # one cell run three times: one badge's worth in a refresh
+        ip.run_cell("torch.ones(2, device='cuda') + 1", cell_id="same-cell")
+    state = extension.front_end_state()
+    assert [p["cell_id"] for p in state["payloads"]].count("same-cell") == 1
+    assert state["payloads"][-1]["execution_count"] == router.payloads[-1]["execution_count"]
+    with capture_output():
+        for i in range(extension.KEEP_CELLS + 20):
+            ip.run_cell("torch.ones(1, device='cuda')", cell_id=f"cell-{i}")
+    assert len(router.payloads) == len(router.tables) == extension.KEEP_CELLS
+    assert router.payloads[-1]["cell_id"] == f"cell-{extension.KEEP_CELLS + 19}"
+    assert len(extension.front_end_state()["payloads"]) == extension.KEEP_CELLS

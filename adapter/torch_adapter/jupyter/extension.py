@@ -26,6 +26,10 @@ __all__ = ["CellRouter", "load_ipython_extension", "unload_ipython_extension", "
 
 _ROUTER: "CellRouter | None" = None
 
+# The cells the kernel keeps (payloads and op tables, for a reloaded page and a new inspector): the
+# newest this many. Before, both grew for the life of the kernel and a Lab refresh was sent all of it.
+KEEP_CELLS = 500
+
 
 def router() -> "CellRouter | None":
     """The loaded extension's CellRouter (None when not loaded)."""
@@ -34,11 +38,18 @@ def router() -> "CellRouter | None":
 
 def front_end_state() -> dict[str, Any]:
     """What a front end needs to rebuild its view after a reload (asked for silently by the
-    Lab extension): ``{"status": <%adapter status>, "payloads": [<every cell's payload>]}``.
-    When the extension is not loaded the status says so (``"loaded": false``), with no payloads."""
+    Lab extension): ``{"status": <%adapter status>, "payloads": [...]}`` — each cell's latest payload
+    (a cell run again is one badge, and each payload carries the session's totals), of the newest
+    ``KEEP_CELLS`` kept. When the extension is not loaded the status says so (``"loaded": false``),
+    with no payloads."""
     if _ROUTER is None:
         return {"status": dict(_unloaded_status()), "payloads": []}
-    return {"status": dict(_ROUTER.status()), "payloads": list(_ROUTER.payloads)}
+    latest: dict[Any, dict[str, Any]] = {}
+    for i, payload in enumerate(_ROUTER.payloads):
+        cell = payload.get("cell_id")
+        latest.pop(cell if cell is not None else ("run", i), None)
+        latest[cell if cell is not None else ("run", i)] = payload  # re-inserted: in the order last run
+    return {"status": dict(_ROUTER.status()), "payloads": list(latest.values())}
 
 
 def _unloaded_status() -> Any:
@@ -65,8 +76,10 @@ class CellRouter:
 
         self.session_id = uuid.uuid4().hex[:12]
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
-        self.payloads: list[dict[str, Any]] = []
-        self.tables: list[list[dict[str, Any]]] = []  # each reported cell's op rows (the inspector's table)
+        from collections import deque
+
+        self.payloads: deque[dict[str, Any]] = deque(maxlen=KEEP_CELLS)
+        self.tables: deque[list[dict[str, Any]]] = deque(maxlen=KEEP_CELLS)  # each kept cell's op rows (the inspector's)
         self.observing = True
         self.publish_display = True
         self.publish_comm = True
