@@ -210,6 +210,25 @@ STOPPED = """() => {
 }"""
 
 
+def click_and_await(page, locator, command: str) -> None:
+    """Click ``locator`` (a button that runs ``command``) and wait until that command's execution has
+    finished (its promise settled: an error toast, if any, is up by then) — a condition, not a sleep.
+    JupyterLab's ``commandExecuted`` signal carries each execution's promise."""
+    page.evaluate("""(id) => {
+        const commands = window.jupyterapp.commands;
+        window.__torchAdapterAwaited = new Promise(resolve => {
+            const seen = (_, args) => {
+                if (args.id !== id) return;
+                commands.commandExecuted.disconnect(seen);
+                args.result.then(resolve, resolve);
+            };
+            commands.commandExecuted.connect(seen);
+        });
+    }""", command)
+    locator.click()
+    page.evaluate("() => window.__torchAdapterAwaited")
+
+
 def run_all(page, path: str, timeout_ms: int = 120_000) -> float:
     """Open ``path``, Run All, wait until every code cell has run and the kernel is idle;
     save. Returns the seconds from Run All to idle."""

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from test_lab_e2e import NEEDS_CHROMIUM, PANEL, _panel, browser_page, goto_lab, lab_with_notebook
+from test_lab_e2e import NEEDS_CHROMIUM, click_and_await, PANEL, _panel, browser_page, goto_lab, lab_with_notebook
 from test_lab_state import run_cell
 
 NOTEBOOK = "truth.ipynb"
@@ -103,8 +103,8 @@ def test_after_unload_and_load_the_panel_counts_the_new_session_only(page):
 
 def test_refresh_and_reload_keep_the_kernels_numbers(page, lab):
     totals = kernel_totals(page)
-    page.locator(f"{PANEL} .jp-TorchAdapter-button", has_text="Refresh from kernel").click()
-    page.wait_for_timeout(1000)
+    click_and_await(page, page.locator(f"{PANEL} .jp-TorchAdapter-button", has_text="Refresh from kernel"),
+                    "torch-adapter:refresh-status")
     panel_settles_on(page, totals)
     base, _ = lab
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_lab_e2e import NEEDS_CHROMIUM, PANEL, browser_page, goto_lab, lab_with_notebook
+from test_lab_e2e import NEEDS_CHROMIUM, click_and_await, PANEL, browser_page, goto_lab, lab_with_notebook
 
 NOTEBOOK = "state.ipynb"
 CELLS = [
@@ -114,13 +114,15 @@ def test_after_every_cell_the_panel_shows_the_kernels_target_and_policy(page):
         panel.content.activeCellIndex = {len(CELLS) - 1};
         await window.jupyterapp.commands.execute('notebook:insert-cell-below');
     }}""")
-    page.wait_for_timeout(1000)
+    # the new cell is there and the panel has drawn since (two frames), not a fixed sleep
+    page.wait_for_function(f"() => window.jupyterapp.shell.currentWidget.content.widgets.length === {len(CELLS) + 1}")
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
     assert settle(page, "mps (simulated)", "error")["errors"] == 0
 
 
 def test_refresh_from_kernel_reads_the_same_state_without_an_error(page):
-    page.locator(f"{PANEL} .jp-TorchAdapter-button", has_text="Refresh from kernel").click()
-    page.wait_for_timeout(1500)
+    click_and_await(page, page.locator(f"{PANEL} .jp-TorchAdapter-button", has_text="Refresh from kernel"),
+                    "torch-adapter:refresh-status")
     assert settle(page, "mps (simulated)", "error")["errors"] == 0
 
 
@@ -131,8 +133,8 @@ def test_unload_says_not_loaded_and_refresh_keeps_it(page):
     after = settle(page, "not loaded")
     assert after["state"] == "not-loaded" and after["disabled"] and after["policy"] == ""
     assert any("not loaded in this kernel" in e for e in after["empty"]), after
-    page.locator(f"{PANEL} .jp-TorchAdapter-button", has_text="Refresh from kernel").click()
-    page.wait_for_timeout(1500)
+    click_and_await(page, page.locator(f"{PANEL} .jp-TorchAdapter-button", has_text="Refresh from kernel"),
+                    "torch-adapter:refresh-status")
     assert settle(page, "not loaded")["errors"] == 0  # no red toast: "not loaded" is an answer
 
 
