@@ -88,6 +88,31 @@ class _Groups:
             return False
 
 
+# A program's last collective, then its exit: torch 2.13's gloo aborted a rank at interpreter exit
+# ("terminate called without an active exception", SIGABRT) in 3 of 8 torchrun runs of a plain DDP
+# script, no adapter involved. gdb: gloo's worker thread (``pt_gloo_runloop``) drops its finished work
+# (``~AsyncAllgatherWork`` → ``TensorImpl::decref_pyobject``), which takes the GIL; the interpreter is
+# finalizing by then, so ``take_gil`` ends the thread (``pthread_exit``) and the forced unwind through
+# a noexcept frame calls ``std::terminate``. Letting go of the GIL for a moment at exit lets the worker
+# drop its work first: 0 of 12 runs aborted with it. So a process that made a group under the adapter
+# waits that moment at exit (an ``atexit`` handler, removed at ``uninstall()``).
+GLOO_EXIT_SETTLE_S = 0.2
+
+
+def _settle_collective_threads() -> None:
+    import time
+
+    time.sleep(GLOO_EXIT_SETTLE_S)  # the GIL released: the backend's worker threads finish with their work
+
+
+def _settle_at_exit(session: Any) -> None:
+    """Register :func:`_settle_collective_threads` for the session (see above); ``uninstall()`` removes it."""
+    import atexit
+
+    atexit.register(_settle_collective_threads)
+    session.closers.append(lambda: atexit.unregister(_settle_collective_threads))
+
+
 def _patch_groups(session: Any, c10d: Any) -> _Groups:
     """``init_process_group`` / ``new_group`` / ``barrier``: NCCL becomes the target's backend, CUDA
     device ids the target's. Returns which groups the adapter made gloo in NCCL's place (:class:`_Groups`)."""
@@ -108,6 +133,7 @@ def _patch_groups(session: Any, c10d: Any) -> _Groups:
     orig_init = c10d.init_process_group
 
     groups = _Groups()
+    settling = [False]  # the exit handler, once per session
     chosen = groups.chosen  # the groups the adapter made gloo in place of nccl (see _keep_destroyed_gloo_groups)
 
     @functools.wraps(orig_init)
@@ -120,6 +146,9 @@ def _patch_groups(session: Any, c10d: Any) -> _Groups:
             new = mapper.map(dev, "init_process_group(device_id)", ints=True)
             kwargs["device_id"] = None if mapper.on_cpu else new
         out = orig_init(backend, *args, **kwargs)
+        if not settling[0]:
+            settling[0] = True
+            _settle_at_exit(session)
         if _made_gloo(asked, backend):
             chosen.add(id(dist.group.WORLD))
         return out
