@@ -187,6 +187,15 @@ def test_yours_and_refused_in_the_pill_the_tooltip_and_the_panel(page):
     assert "Fell back to the CPU (most" not in refused["title"]
     assert [l["text"].split(" at ")[0] for l in refused["lines"] if "refused" in l["cls"]] == [
         "refused: aten::_pdist_forward ×1"], refused["lines"]
+    # the refused line is cut with an ellipsis inside the output, never a sideways scrollbar (issue 34)
+    sideways = page.evaluate("""(i) => {
+        const cell = window.jupyterapp.shell.currentWidget.content.widgets[i].node;
+        return [...cell.querySelectorAll('*')].filter(e => {
+            const x = getComputedStyle(e).overflowX;
+            return (x === 'auto' || x === 'scroll') && e.scrollWidth > e.clientWidth + 1;
+        }).map(e => `${e.className} ${e.scrollWidth}>${e.clientWidth}`);
+    }""", 10)
+    assert sideways == [], sideways
     totals = page.evaluate(f"() => ({{...document.querySelector('{PANEL} .jp-TorchAdapter-totals').dataset}})")
     assert (totals["yours"], totals["refused"], totals["fallback"]) == ("1", "1", "0"), totals
     text = page.locator(f"{PANEL} .jp-TorchAdapter-totals").inner_text()
