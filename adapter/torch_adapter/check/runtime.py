@@ -4,9 +4,11 @@ and join op coverage into the static report.
 ``--run "python train.py --steps 1"`` becomes ``python -m torch_adapter run --target T
 [--simulate] --report-json TMP -- train.py --steps 1``; TMP (a temporary directory,
 removed afterwards) then holds a ``torch-adapter.routing-log`` JSON document (see
-``docs/check.md``). :func:`join_runtime` is pure: it takes such a document and a report and
-adds the runtime section -- ops x route x user call sites, coverage shares, the top
-fallback ops with the lines that caused them -- plus findings on the project's lines
+``docs/check.md``). The command runs in its own process group; past ``--run-timeout`` the
+whole group is stopped and :class:`RunTimeout` carries whatever log it still wrote.
+:func:`join_runtime` is pure: it takes such a document and a report and adds the runtime
+section -- ops x route x user call sites, coverage shares, the top fallback ops with the
+lines that caused them -- plus findings on the project's lines
 (RT001: ops there fall back to the CPU; RT002: the command failed, at its last project
 frame; RT003: a dtype the simulated target's real backend refuses, its own kind of finding) and, from the redirect log, what each statically found line became at run time.
 """
@@ -18,9 +20,11 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -29,7 +33,7 @@ from ..errors import CheckError, format_error
 from ..routing.wording import ROUTES as _ROUTES, WORST_FIRST
 from .model import FallbackOp, Finding, Note, OpRow, Report, RuntimeSection, SiteRef
 
-__all__ = ["parse_command", "run_traced", "load_routing_log", "validate_routing_log", "join_runtime",
+__all__ = ["parse_command", "run_traced", "RunTimeout", "load_routing_log", "validate_routing_log", "join_runtime",
            "LOG_SCHEMA", "LOG_VERSION", "ROUTES"]
 
 LOG_SCHEMA = "torch-adapter.routing-log"
@@ -66,10 +70,35 @@ def parse_command(command: str) -> list[str]:
             "`torchrun ... -m torch_adapter run --report-json PATH train.py` and check the log"))
 
 
+class RunTimeout(CheckError):
+    """The ``--run`` command outlived ``--run-timeout`` and was stopped (its whole process group).
+
+    Raised rather than returned so that no caller mistakes a stopped run for a finished one;
+    it carries what the run left: ``log`` (the routing log, when ``torch-adapter run`` wrote one
+    on the interrupt, else None) and ``tail`` (the last lines of its stderr)."""
+
+    def __init__(self, message: str, *, command: str, timeout: float, log: dict[str, Any] | None,
+                 tail: list[str]) -> None:
+        super().__init__(message)
+        self.command, self.timeout, self.log, self.tail = command, timeout, log, tail
+
+
+STOP_GRACE_S = 5.0  # between SIGINT (the run writes its routing log) and SIGKILL (for whatever is left)
+_DRAIN_S = 2.0  # for the reader thread to pass on what the ended command wrote before it ended
+
+
 def run_traced(command: str, *, target: str = "auto", simulate: bool = False, cwd: str | None = None,
                timeout: float | None = None) -> tuple[dict[str, Any] | None, int, list[str]]:
     """Run ``command`` under ``torch_adapter run``; return (routing log or None, exit code,
-    the last lines of its stderr, which is also passed through to ours)."""
+    the last lines of its stderr, which is also passed through to ours).
+
+    The command gets its own session (process group), so that a timeout -- or our own
+    interruption -- stops its children too, not only the interpreter we started. Its stderr
+    is read by a thread while we wait: reading it to the end first would wait as long as any
+    process holds the pipe, which made ``timeout`` meaningless. After ``timeout`` seconds the
+    group gets SIGINT (``torch-adapter run`` then ends the script and still writes the routing
+    log of what ran), SIGKILL :data:`STOP_GRACE_S` s later, and :class:`RunTimeout` is raised.
+    """
     tail_args = parse_command(command)
     module = tail_args[0] == "-m"
     tmpdir = tempfile.mkdtemp(prefix="torch-adapter-check-")
@@ -80,27 +109,110 @@ def run_traced(command: str, *, target: str = "auto", simulate: bool = False, cw
     tail: deque[str] = deque(maxlen=200)
     try:
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, stderr=subprocess.PIPE, text=True, errors="replace")
+            proc = subprocess.Popen(argv, cwd=cwd, stderr=subprocess.PIPE, text=True, errors="replace",
+                                    start_new_session=hasattr(os, "killpg"))
         except OSError as exc:
             raise CheckError(format_error("torch-adapter check --run", "a command that can start", repr(command),
                                           why=exc.strerror or str(exc), fix="check the interpreter")) from None
+        reader = threading.Thread(target=_pass_through, args=(proc.stderr, tail), daemon=True,
+                                  name="torch-adapter-check-stderr")
+        reader.start()
+        timed_out = False
+        restore = _end_on_term()
         try:
-            assert proc.stderr is not None
-            for line in proc.stderr:
-                sys.stderr.write(line)
-                tail.append(line.rstrip("\n"))
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            code = -9
-            tail.append(f"torch-adapter check: the command ran longer than {timeout} s and was stopped")
-        log = None
-        if os.path.exists(log_path):
-            log = load_routing_log(log_path)
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                code = _stop(proc)
+        except BaseException:  # our own Ctrl-C/SIGTERM/SIGHUP (its own session no longer gets them) or an error
+            _stop(proc)
+            raise
+        finally:
+            restore()
+        # a process the command left behind may hold the pipe open: the tail is not worth a hang
+        reader.join(timeout=_DRAIN_S)
+        if timed_out:
+            assert timeout is not None
+            try:  # (written atomically, so whole or absent; a stopped run's log is a bonus, never an error)
+                log = load_routing_log(log_path) if os.path.exists(log_path) else None
+            except CheckError:
+                log = None
+            raise RunTimeout(_timeout_message(command, timeout, log is not None, code),
+                             command=command, timeout=timeout, log=log, tail=list(tail))
+        log = load_routing_log(log_path) if os.path.exists(log_path) else None
         return log, code, list(tail)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _pass_through(stream: Any, tail: deque[str]) -> None:
+    """Copy the child's stderr to ours line by line, keeping the last lines (the reader thread)."""
+    try:
+        for line in stream:
+            sys.stderr.write(line)
+            tail.append(line.rstrip("\n"))
+    except (OSError, ValueError):  # our stderr closed, or the pipe closed under us: the tail is best effort
+        pass
+    finally:
+        stream.close()
+
+
+def _end_on_term() -> Any:
+    """While the command runs, SIGTERM and SIGHUP end us through SystemExit (128 + signal), so that
+    run_traced still stops the command's group: in its own session it no longer gets the signal a
+    CI job's timeout or a closed terminal sends to ours. Only signals left at their default are
+    taken, only from the main thread; returns the function that puts them back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    taken = {}
+    for name in ("SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
+            taken[sig] = signal.signal(sig, _exit_on_signal)
+
+    def restore() -> None:
+        for sig, old in taken.items():
+            signal.signal(sig, old)
+    return restore
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        if hasattr(os, "killpg"):
+            os.killpg(proc.pid, sig)  # the group is the child's pid (start_new_session)
+        elif proc.poll() is None:
+            proc.kill()
+    except (ProcessLookupError, PermissionError):  # the whole group has already gone
+        pass
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    """Stop the command's process group: SIGINT, then SIGKILL after STOP_GRACE_S; its exit code."""
+    _signal_group(proc, getattr(signal, "SIGINT", signal.SIGTERM))
+    try:
+        proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(proc, getattr(signal, "SIGKILL", signal.SIGTERM))  # children that outlived the interpreter too
+    return proc.wait()
+
+
+def _timeout_message(command: str, timeout: float, logged: bool, code: int) -> str:
+    ended = f"exit status {code}" if code >= 0 else f"ended by signal {-code}"
+    covered = ("its routing log covers the ops it ran until then" if logged
+               else "it wrote no routing log, so the report has no runtime section")
+    return format_error(
+        "torch-adapter check --run", f"a command that ends within --run-timeout {timeout:g} s",
+        f"{command!r} (run as `torch-adapter run`), still running after {timeout:g} s",
+        why=f"it was stopped with its child processes (SIGINT, then SIGKILL {STOP_GRACE_S:g} s later; "
+            f"{ended}) so that check does not hang; {covered}",
+        fix=f"raise the limit (e.g. --run-timeout {max(2 * timeout, 60):g}), leave --run-timeout out to wait "
+            "for the end, or run fewer steps (e.g. --run \"python train.py --steps 1\")")
 
 
 def load_routing_log(path: str | os.PathLike[str]) -> dict[str, Any]:
