@@ -5,13 +5,18 @@ The script runs with ``runpy.run_path(..., run_name="__main__")`` so that
 module by path in each child) and relative imports behave as under ``python SCRIPT``.
 ``sys.argv`` is ``[SCRIPT, *ARGS]`` and ``sys.path[0]`` the script's folder. Child
 processes are adapted through the autoinstall ``.pth`` hook (``propagate=True``).
-Exit codes: the script's own; 1 if it raised (the traceback shows the user's frames,
-not ours; a SyntaxError shows only the user's file); 2 for usage errors (a missing,
-unreadable or binary script, a notebook, an unknown target, an unwritable
-``--report-json``), all checked before the script starts. ``--report-json`` is written by
-the one safe writer (``_safe_io``); ``{rank}`` in its name becomes ``$RANK`` (0 outside
-``torchrun``), so each rank writes its own file — without it, ranks writing one path each
-leave a complete file and the last one wins.
+Exit codes: what ``python SCRIPT`` gives, however the script ends — its own
+(``sys.exit``/``SystemExit``/``exit()``, by whatever name it was bound: runpy hands us the
+SystemExit itself, so no wrapper of ``sys.exit`` can miss one or keep a stale one); 1 if it
+raised (the traceback shows the user's frames, not ours; a SyntaxError shows only the user's
+file); a Ctrl-C (an uncaught ``KeyboardInterrupt``) ends the process by SIGINT as python does
+(:func:`_end_interrupted`); 1 for ``-m NAME`` that is not importable (one line, as ``python -m``:
+:func:`_module_problem`); 2 for usage errors (a missing, unreadable or binary script, a
+notebook, an unknown target, an unwritable ``--report-json``), all checked before the script
+starts (tests/test_exit_codes.py runs each way of ending under both and compares).
+``--report-json`` is written by the one safe writer (``_safe_io``); ``{rank}`` in its name
+becomes ``$RANK`` (0 outside ``torchrun``), so each rank writes its own file — without it,
+ranks writing one path each leave a complete file and the last one wins.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import os
 import runpy
 import sys
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 from ..core.callsite import PACKAGE_DIR
 from ..core.command import EXIT_USAGE
@@ -101,7 +106,9 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
     """Run ``script`` (a path, or a module name with ``module=True``) adapted; return its exit code.
 
     ``script`` may also be a launcher command (``accelerate``, ``torchrun``, …; see _launchers).
-    ``exit_guard=True`` (the CLI) bounds the process's exit once the script has ended (_exit_guard).
+    ``exit_guard=True`` (the CLI) bounds the process's exit once the script has ended (_exit_guard),
+    and an uncaught Ctrl-C is raised on out of this function, for the interpreter to end the process
+    by SIGINT as it does under ``python SCRIPT`` (_end_interrupted); without it, 130 is returned.
     """
     from ..errors import AdapterError
     from ..session import install
@@ -146,6 +153,7 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
     sys.argv = [script, *args]
     sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(script))  # as `python [-m]` does
     code = 0
+    interrupted: KeyboardInterrupt | None = None
     from ..core.callsite import front
 
     front.append("cli")  # fixes in messages are worded as run's flags
@@ -156,12 +164,17 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = exit_code(exc.code)
-    except KeyboardInterrupt:
-        code = 130
-        print("torch-adapter run: interrupted", file=sys.stderr)
     except BaseException as exc:  # the user's exception: show it, exit 1 like python does
-        _print_user_traceback(exc)
-        code = 1
+        if module and isinstance(exc, ImportError) and _raised_by_runpy(exc):
+            print(_module_problem(script, exc), file=sys.stderr)  # no such module: not the user's traceback
+            code = 1
+        elif type(exc) is KeyboardInterrupt and exit_guard:  # python's test is the exact class, so is ours
+            interrupted, code = exc, 130  # raised again below, once the report is written
+            if sys.excepthook is sys.__excepthook__:  # else the script's own hook gets it, as under python
+                _print_user_traceback(exc)
+        else:
+            _print_user_traceback(exc)
+            code = 130 if type(exc) is KeyboardInterrupt else 1
     finally:
         front.pop()
         sys.argv = old_argv
@@ -174,8 +187,77 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
         if exit_guard:
             from .exit_guard import arm
 
-            arm(code, f"the script {script}")
+            arm(_exit_status(code), f"the script {script}")
+    if interrupted is not None:
+        _end_interrupted(interrupted)
     return code
+
+
+def _exit_status(code: int) -> int:
+    """The status the process ends with when Python exits with ``code``, for the exit guard's
+    ``os._exit`` (which takes a C int only: ``sys.exit(2**40)`` made its timer thread raise
+    OverflowError and the process wait for the faulthandler backstop). CPython reads the code as
+    a C long (-1 when it does not fit) and truncates it to a C int."""
+    import struct
+
+    bits = 8 * struct.calcsize("l")
+    if not -(1 << (bits - 1)) <= code < 1 << (bits - 1):
+        return -1
+    return (code + (1 << 31)) % (1 << 32) - (1 << 31)
+
+
+def _end_interrupted(exc: KeyboardInterrupt) -> NoReturn:
+    """End the process as ``python SCRIPT`` does after a Ctrl-C the script did not catch: by
+    SIGINT (a parent sees -2 from subprocess, 130 in a shell; torchrun and ``timeout`` tell a
+    signal from an exit code), after the script's traceback ending in ``KeyboardInterrupt``.
+
+    Only the interpreter can do that: when a KeyboardInterrupt leaves the main module, CPython
+    shuts down (joins threads, runs ``atexit``) and then kills itself with SIGINT — no Python
+    code runs after ``atexit`` to do it, and ``exit(130)`` is not a signal. So the exception is
+    raised on out of ``python -m torch_adapter``. run_script printed its traceback already (the
+    user's frames, before the report, as for any failure), so a one-shot ``sys.excepthook``
+    keeps the interpreter from printing it again with ours; a hook the script installed itself
+    is left to get it, as under python."""
+    previous = sys.excepthook
+    if previous is sys.__excepthook__:
+        def hook(etype: Any, value: BaseException, tb: Any) -> None:
+            if value is not exc:
+                previous(etype, value, tb)
+                return
+            sys.excepthook = previous
+
+        sys.excepthook = hook
+    raise exc
+
+
+def _raised_by_runpy(exc: ImportError) -> bool:
+    """Whether runpy raised ``exc`` while looking for the ``-m`` module (its innermost frame is
+    runpy's), rather than the module's own code or its package's ``__init__`` while importing —
+    those are the user's errors, shown with their traceback."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    name = tb.tb_frame.f_code.co_filename
+    return name.startswith("<frozen runpy") or os.path.abspath(name) == _OWN[1]
+
+
+def _module_problem(name: str, exc: ImportError) -> str:
+    """One line for ``-m NAME`` that runpy cannot find or run (``python -m`` prints one line too):
+    what was asked, runpy's reason, where it looked, the fix."""
+    why = str(exc).rstrip(".")
+    if "cannot be directly executed" in why:  # a package without __main__.py
+        fix = f"name a module inside it (`-m {name}.train`), or give it a {name.replace('.', '/')}/__main__.py"
+    elif why == f"No module named {name}" or "ModuleNotFoundError" in why:
+        where = f"the current folder ({os.getcwd()}) or sys.path"
+        why = (f"no module of that name is importable from {where}" if why.startswith("No module named")
+               else f"{why}; not importable from {where}")
+        fix = ("run it from the folder that holds it (or its top package), install its project "
+               "(`pip install -e .`), or add that folder to PYTHONPATH; for a file, give its path without -m")
+    else:  # a namespace package, no code object, a relative name
+        fix = "check the module name, or give the script's path without -m"
+    return f"torch-adapter run -m {name}: expected an importable module, got {name!r}: {why}. Fix: {fix}"
 
 
 def _announce_children(session: Any) -> str | None:
