@@ -176,14 +176,14 @@ _CHILD = textwrap.dedent("""\
     """)
 
 
-@pytest.mark.xfail(strict=True, reason="launch/exit_guard.py (not the runner): in an adapted child the guard's code "
-                   "is shutdown_code(), taken from calls of a sys.exit wrapper — `raise SystemExit(3)` / exit(3) / an "
-                   "exit bound before the wrapper are not seen (0), a SystemExit the child caught stays recorded (2); "
-                   "in an mp child the true code is still a local of BaseProcess._bootstrap when the guard arms")
+# (the guard took its code from a sys.exit wrapper: `raise SystemExit(3)` ended the child 0, a caught
+# SystemExit 2; now it reads the code multiprocessing computed: launch/exit_guard.py, _process_exitcode)
 @pytest.mark.parametrize("body", [
-    "    raise SystemExit(3)\n",  # plain python: child 3; the guard: child 0
-    "    try:\n        sys.exit(2)\n    except SystemExit:\n        pass\n",  # plain python: child 0; the guard: child 2
-], ids=["raise SystemExit in a child", "caught SystemExit in a child"])
+    "    raise SystemExit(3)\n",  # plain python: child 3; the guard's code before: 0
+    "    try:\n        sys.exit(2)\n    except SystemExit:\n        pass\n",  # plain python: child 0; before: 2
+    "    exit(4)\n",
+    "    raise ValueError('a failure')\n",
+], ids=["raise SystemExit in a child", "caught SystemExit in a child", "builtin exit in a child", "an exception in a child"])
 def test_an_adapted_child_ended_by_the_guard_keeps_its_code(tmp_path, body):
     plain, adapted = _both(tmp_path, _CHILD.format(body=body), env={"TORCH_ADAPTER_EXIT_TIMEOUT": "1"})
     assert "Ending it now" in adapted.stderr, adapted.stderr  # the child's guard did end it

@@ -121,9 +121,28 @@ def _record_exit_calls() -> None:
     sys.exit = exit
 
 
+def _process_exitcode() -> int | None:
+    """In a multiprocessing child: the exit code ``BaseProcess._bootstrap`` computed for it (its local
+    ``exitcode``, still on the main thread's stack while threading shuts down inside ``_bootstrap``) —
+    exact, however the target ended (``raise SystemExit(3)``, ``exit(3)``, an exception, a SystemExit
+    it caught). None elsewhere."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_bootstrap" and code.co_filename.endswith(os.path.join("multiprocessing", "process.py")):
+            value = frame.f_locals.get("exitcode")
+            return value if isinstance(value, int) else None
+        frame = frame.f_back
+    return None
+
+
 def shutdown_code() -> int:
-    """The exit code the process is ending with, as far as Python can know at shutdown: the
-    script's ``sys.exit(N)``, else 1 after an uncaught exception was printed, else 0."""
+    """The exit code the process is ending with, as far as Python can know at shutdown: a
+    multiprocessing child's own (:func:`_process_exitcode`), else the script's ``sys.exit(N)``,
+    else 1 after an uncaught exception was printed, else 0."""
+    code = _process_exitcode()
+    if code is not None:
+        return code
     if _EXIT_CODE:
         return _EXIT_CODE[-1]
     return 1 if getattr(sys, "last_value", None) is not None else 0
