@@ -203,10 +203,13 @@ def test_attention_dtype_benchmark_records_both_dtypes_and_the_conditions(tmp_pa
     assert len(data["matmul"]) == len(bench.MATMULS)
     monkeypatch.setattr(bench, "SHAPES", ((1, 2, 32, 16, 8),))
     monkeypatch.setattr(bench, "MATMULS", ((16, 16, 16),))
-    monkeypatch.setattr(bench.harness, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(bench.harness, "FIGURES_DIR", tmp_path / "figures")  # --figures: the committed folder
+    monkeypatch.setattr(bench.harness, "RESULTS_DIR", tmp_path / "results")  # else: the git-ignored one
     assert bench.main(["--repeats", "1", "--figures"]) == 0
-    written = json.loads((tmp_path / "attention_dtype.json").read_text())
+    written = json.loads((tmp_path / "figures" / "attention_dtype.json").read_text())
     assert written["meta"]["cpu"]["flags"] and "loaded" in written["meta"] and written["threads"] == 1
+    assert bench.main(["--repeats", "1"]) == 0
+    assert (tmp_path / "results" / "attention_dtype.json").exists()
 
 
 def test_decode_split_measures_each_observation_layer_against_the_redirected_step():
