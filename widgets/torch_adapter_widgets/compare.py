@@ -187,7 +187,18 @@ class _StaticCharts:
         import atexit
         import threading
 
+        import logging
+
         import kaleido
+
+        # kaleido's Chrome driver logs its own troubles (a Chrome that exits: "Wait expired, Browser is
+        # being closed by watchdog.") — with no handler configured, Python prints them to stderr, which in
+        # a kernel is the user's cell (seen in CI under load). They are ours to report, once, in ``why``.
+        for name in ("choreographer", "kaleido"):
+            chatty = logging.getLogger(name)
+            if not chatty.handlers and not logging.getLogger().handlers:
+                chatty.addHandler(logging.NullHandler())
+                chatty.propagate = False
 
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="torch_adapter: static charts", daemon=True).start()
