@@ -28,8 +28,9 @@ from typing import Any
 
 GOAL = 300.0  # files per second
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"  # git-ignored: a run writes here unless asked (--figures)
-FIGURES = ROOT / "docs" / "figures"  # committed (docs/figures/README.md)
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from benchmarks import harness  # noqa: E402  (its folders: results unless asked, the figures with --figures)
 
 __all__ = ["GOAL", "package_dir", "bench_tree", "main"]
 
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
               "trees": rows, "total": total,
               "meta": {"python": platform.python_version(), "machine": platform.machine(),
                        "cpus": os.cpu_count(), "loadavg": load, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}}
-    folder = FIGURES if args.figures else RESULTS
+    folder = harness.FIGURES_DIR if args.figures else harness.RESULTS_DIR
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / f"{args.json}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
