@@ -21,7 +21,7 @@ def _build(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(not can_build_extensions(), reason="no C++ compiler or ninja here")
 def test_build_compiles_a_part_once_into_torchs_extension_cache(tmp_path):
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "TORCH_ADAPTER_PACKAGED_BUILDS": "off"}
     first = _build("--only", "dtype-guard", env=env)
     assert first.returncode == 0, first.stderr
     assert first.stdout.startswith("dtype-guard: built (") and "compiling" not in first.stdout
@@ -34,7 +34,8 @@ def test_build_compiles_a_part_once_into_torchs_extension_cache(tmp_path):
 
 
 def test_every_part_is_listed_and_a_part_that_cannot_build_fails_the_command(tmp_path):
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "CXX": str(tmp_path / "no-such-compiler")}
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "CXX": str(tmp_path / "no-such-compiler"),
+           "TORCH_ADAPTER_PACKAGED_BUILDS": "off"}
     r = _build("--only", "dtype-guard", "--only", "half-gate", env=env)
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()

@@ -260,7 +260,8 @@ except Exception as e:
 print("RESULT " + json.dumps({"msg": msg, "session": torch_adapter.current() is None,
                               "cuda": torch.cuda.is_available(),
                               "pu1": torch._C._get_privateuse1_backend_name()}))
-""", env={"CXX": str(broken), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")})
+""", env={"CXX": str(broken), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"),
+         "TORCH_ADAPTER_PACKAGED_BUILDS": "off"})
     assert r["msg"].startswith("TargetError") and "error: no compiler today" in r["msg"]
     assert "python -m torch_adapter.emulated build --verbose" in r["msg"]
     assert r["session"] and r["cuda"] is False and r["pu1"] == "privateuseone"

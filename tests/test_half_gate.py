@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_adapter
+from torch_adapter.core import cpp_build
 from torch_adapter.core import torch_private as tp
 from torch_adapter.core.cpu_features import forced
 from torch_adapter.routing import half_gate, low_precision
@@ -183,10 +184,11 @@ def test_float32_calls_take_torchs_own_kernels_unboxed_and_another_kernel_is_kep
 
 def test_a_missing_gate_is_built_once_in_the_background(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCH_ADAPTER_PACKAGED_BUILDS", "off")  # a bare install: nothing shipped
     monkeypatch.setattr(half_gate, "_EXT", None)
     assert not half_gate.is_built()
     assert half_gate.ensure_built() == "started"
-    child = half_gate._SPAWNED
+    child = half_gate.spawned()
     marker = half_gate._marker()
     assert marker.exists()
     assert half_gate.ensure_built() == "building"  # another session meanwhile starts no second build
@@ -197,21 +199,22 @@ def test_a_missing_gate_is_built_once_in_the_background(tmp_path, monkeypatch):
     code = ("import torch_adapter, torch\nwith torch_adapter.adapted('cpu') as s:\n"
             "    print(s.low_precision.gate_state)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)})
+                          env={**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "TORCH_ADAPTER_PACKAGED_BUILDS": "off"})
     assert done.stdout.split() == ["cpp"], done.stderr
 
 
 def test_a_stale_marker_is_replaced_and_an_unwritable_folder_only_reported(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.setenv("TORCH_ADAPTER_PACKAGED_BUILDS", "off")
     monkeypatch.setattr(half_gate, "_EXT", None)
-    monkeypatch.setattr(half_gate, "_STALE_S", 0)  # any marker counts as a dead build's
+    monkeypatch.setattr(cpp_build, "STALE_S", 0)  # any marker counts as a dead build's
     marker = half_gate._marker()
     marker.parent.mkdir(parents=True)
     marker.write_text("12345\n")
     os.utime(marker, (1, 1))
     assert half_gate.ensure_built() == "started"
-    os.killpg(half_gate._SPAWNED.pid, signal.SIGKILL)  # the build and its compiler
-    half_gate._SPAWNED.wait()
+    os.killpg(half_gate.spawned().pid, signal.SIGKILL)  # the build and its compiler
+    half_gate.spawned().wait()
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(blocked))

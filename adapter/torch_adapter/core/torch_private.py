@@ -239,7 +239,7 @@ def below_autocast(key: str) -> Any:
 # torch_adapter.routing.observe builds a small C++ RecordFunction observer with
 # torch.utils.cpp_extension (public, but the build folder is a private helper), and falls
 # back to the autograd profiler's C++ entry points and event tree (private, "experimental").
-__all__ += ["extension_build_dir", "extension_name", "is_extension_built", "import_built_extension",
+__all__ += ["extension_build_dir", "extension_name", "is_extension_built", "import_built_extension", "packaged_dir", "PACKAGED_ENV",
             "can_build_extensions", "load_extension", "op_profiler_start",
             "op_profiler_stop", "profiler_function_events"]
 
@@ -310,9 +310,39 @@ def extension_name(prefix: str, source: Any) -> str:
 
 
 def is_extension_built(name: str) -> bool:
-    """Is extension ``name`` compiled in its build folder (never compiles)?"""
+    """Is extension ``name`` compiled — shipped with the package (``torch_adapter/_built``, filled at
+    install) or in its build folder of torch's extension cache? Never compiles."""
+    return _built_file(name) is not None
+
+
+PACKAGED_ENV = "TORCH_ADAPTER_PACKAGED_BUILDS"  # "off": ignore torch_adapter/_built (tests, benchmarks)
+
+
+def packaged_dir() -> Any:
+    """``torch_adapter/_built`` (the C++ parts the install compiled: hatch_build.py), or None when
+    ``TORCH_ADAPTER_PACKAGED_BUILDS=off``."""
+    import os
+    from pathlib import Path
+
+    if os.environ.get(PACKAGED_ENV, "").lower() in ("off", "0", "no", "false"):
+        return None
+    return Path(__file__).resolve().parent.parent / "_built"
+
+
+def _built_file(name: str) -> Any:
+    """The finished module file of extension ``name``: the package's own build first, then the cache's
+    (None while a build of it holds the cache folder's lock, or when there is none)."""
+    import importlib.machinery
+
+    file_name = f"{name}{importlib.machinery.EXTENSION_SUFFIXES[-1]}"
+    shipped = packaged_dir()
+    if shipped is not None and (shipped / file_name).is_file():
+        return shipped / file_name
     directory = extension_build_dir(name)
-    return any(directory.glob(f"{name}*.so")) or any(directory.glob(f"{name}*.pyd"))
+    path = directory / file_name
+    if not path.is_file() or (directory / "lock").exists():
+        return None
+    return path
 
 
 def import_built_extension(name: str) -> Any:
@@ -324,9 +354,8 @@ def import_built_extension(name: str) -> Any:
 
     if name in sys.modules:
         return sys.modules[name]
-    directory = extension_build_dir(name)
-    path = directory / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[-1]}"
-    if not path.is_file() or (directory / "lock").exists():
+    path = _built_file(name)
+    if path is None:
         return None
     try:
         spec = importlib.util.spec_from_file_location(name, path)

@@ -41,12 +41,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..core.cpp_build import Part
 from ..errors import TargetError, format_error
 
 __all__ = ["EMULATABLE", "NOT_EMULATABLE", "SOURCE", "Emulator", "build", "start", "active", "is_built",
            "check_emulatable", "fallback_counts", "native_counts", "kernel_ops"]
 
 SOURCE = Path(__file__).with_name("_device.cpp")
+# No stand-in: a program that asks for the emulated device gets it compiled then (said, ~30 s) when the
+# install did not ship it (core/cpp_build.py's policy).
+PART = Part("emulated", "torch_adapter_emulated", SOURCE, "the emulated npu device (a PrivateUse1 device)", fallback=None)
 
 # Targets that can be emulated, and why the others cannot.
 EMULATABLE = {"npu": "Ascend NPU: torch_npu's device type 'npu' on the PrivateUse1 dispatch key"}
@@ -116,17 +120,15 @@ def active() -> Emulator | None:
 
 
 def _ext_name() -> str:
-    from ..core.torch_private import extension_name
-
-    return extension_name("torch_adapter_emulated", SOURCE)
+    return PART.name
 
 
 def is_built() -> bool:
-    """The extension for this torch is built and cached (no compile at the next start)."""
-    from ..core.torch_private import extension_build_dir
+    """The extension for this torch is built — shipped with the package or cached (no compile at the
+    next start)."""
+    from ..core.torch_private import is_extension_built
 
-    d = extension_build_dir(_ext_name())
-    return any(d.glob("*.so")) if d.is_dir() else False
+    return is_extension_built(_ext_name())
 
 
 def _first_error(text: str) -> str:

@@ -1,11 +1,12 @@
 """The C++ dtype guard (``_dtype_guard.cpp``): the dtype check of a simulated target's
 allocation ops without a Python call for supported dtypes.
 
-Built at first use with ``torch.utils.cpp_extension`` (cached per source and torch version,
-as the op observer is); where it cannot be built (no compiler, no ninja) or
-``TORCH_ADAPTER_DTYPE_GUARD=python`` is set, :mod:`.dtype_check` registers Python kernels
-instead (same behaviour, a Python call per allocation). ``python -m
-torch_adapter.routing.dtype_guard --build`` pays the compile once (CI, images).
+Built at install or by ``torch-adapter build`` (:mod:`torch_adapter.core.cpp_build`: shipped in
+``torch_adapter/_built`` or cached per source and torch version). Where there is no build,
+:func:`load` starts one in the background for the next session and returns None: :mod:`.dtype_check`
+registers Python kernels instead (same behaviour, a Python call per allocation). So does
+``TORCH_ADAPTER_DTYPE_GUARD=python``. ``python -m torch_adapter.routing.dtype_guard --build`` pays the
+compile now.
 """
 
 from __future__ import annotations
@@ -16,19 +17,21 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["load", "build", "is_built", "ENV"]
+from ..core.cpp_build import Part
+
+__all__ = ["load", "build", "is_built", "ENV", "PART"]
 
 ENV = "TORCH_ADAPTER_DTYPE_GUARD"  # "python": never the C++ guard
 _SOURCE = Path(__file__).with_name("_dtype_guard.cpp")
+PART = Part("dtype-guard", "torch_adapter_dtype_guard", _SOURCE, "the C++ dtype guard (simulated targets)",
+            fallback="the same checks, a Python call per tensor allocation of a simulated target")
 _LOCK = threading.Lock()
 _EXT: Any = None
 _ERROR: str | None = None
 
 
 def _name() -> str:
-    from ..core.torch_private import extension_name
-
-    return extension_name("torch_adapter_dtype_guard", _SOURCE)
+    return PART.name
 
 
 def is_built() -> bool:
@@ -38,20 +41,34 @@ def is_built() -> bool:
 
 
 def load(*, strict: bool = False) -> Any:
-    """The extension module (built on first use), or None: then the Python kernels are used."""
+    """The extension module, or None: then the Python kernels are used. A finished build is imported;
+    ``strict`` (``build()``) compiles one now; otherwise a missing one is built in the background."""
     global _EXT, _ERROR
     if os.environ.get(ENV) == "python" and not strict:
         return None
     with _LOCK:
         if _EXT is not None or (_ERROR is not None and not strict):
             return _EXT
-        from ..core.torch_private import can_build_extensions, load_extension
+        from ..core.torch_private import can_build_extensions, import_built_extension, load_extension
 
+        _EXT = import_built_extension(_name())
+        if _EXT is not None:
+            return _EXT
+        if not strict:
+            from ..core.cpp_build import build_in_background, say_once
+
+            state = build_in_background(PART)
+            if state in ("started", "building"):
+                say_once("dtype-guard", "torch_adapter: the C++ dtype guard is being built in the background for the "
+                         f"next session; until then Python kernels check dtypes — {PART.fallback}. "
+                         "`torch-adapter build` builds every C++ part now.")
+            else:
+                _ERROR = state
+            return None
         try:
-            if not is_built():
-                if not can_build_extensions():
-                    raise RuntimeError("no C++ compiler ($CXX, else c++) or no ninja on this machine")
-                print("torch_adapter: compiling the C++ dtype guard (once, then cached)...", file=sys.stderr, flush=True)
+            if not can_build_extensions():
+                raise RuntimeError("no C++ compiler ($CXX, else c++) or no ninja on this machine")
+            print("torch_adapter: compiling the C++ dtype guard (once, then cached)...", file=sys.stderr, flush=True)
             _EXT = load_extension(_name(), _SOURCE)
         except Exception as exc:  # no compiler, a build error: the Python kernels do the same
             from ..errors import AdapterError, format_error
@@ -61,8 +78,7 @@ def load(*, strict: bool = False) -> Any:
                                   f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1:] or ''}",
                                   why="the allocation check of simulated targets is cheapest in C++",
                                   fix="install g++ and ninja; meanwhile Python kernels check dtypes (slower)")
-            if strict:
-                raise AdapterError(_ERROR) from exc
+            raise AdapterError(_ERROR) from exc
         return _EXT
 
 

@@ -13,10 +13,11 @@
 Two backends do the same job:
 
 - ``"cpp"`` — a global RecordFunction callback in a small C++ extension (``_observer.cpp``
-  next to this file) built at first use with ``torch.utils.cpp_extension.load`` (7 s on
-  an idle 2-core machine, up to ~25 s on a busy one; cached in the torch extensions folder
-  under a name keyed by the source and the torch version; never at import; prebuild with
-  ``python -m torch_adapter.routing.observe --build``). It sees every dispatcher call on
+  next to this file) built at install (shipped in ``torch_adapter/_built``) or by ``torch-adapter
+  build`` (7 s on an idle 2-core machine, up to ~25 s on a busy one; named by the source and
+  the torch version); never compiled in a program's way: an "auto" observer that finds no build
+  counts with the profiler while a background build prepares the next session
+  (:mod:`torch_adapter.core.cpp_build`). It sees every dispatcher call on
   every thread, above autograd, so CompositeImplicitAutograd ops (``aten::linear``,
   ``aten::einsum``, ``aten::scaled_dot_product_attention``) appear with their pieces under
   them although a TorchDispatchMode never sees them. Counting is exact, not sampled: per
@@ -51,6 +52,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..core.cpp_build import Part
 from ..errors import UsageError, format_error
 from .observed import ObserveResult, is_op_key
 
@@ -70,13 +72,16 @@ _LOCK = threading.RLock()
 _EXT: Any = None  # the loaded extension module
 _BUILD_ERROR: str | None = None  # why the extension could not be built, once tried
 _WARNED: set[str] = set()  # messages warned about once per process
+_STATE: dict[str, str] = {}  # "background": what the background build said
 
 
 # -- the C++ extension: naming, building, loading ---------------------------------------
-def _extension_name() -> str:
-    from ..core.torch_private import extension_name
+PART = Part("observer", "torch_adapter_observer", _SOURCE, "the C++ op observer (per-cell routing reports)",
+            fallback="the same counts, ~28 ms more per tiny-SD training step (~70 % of its throughput kept)")
 
-    return extension_name("torch_adapter_observer", _SOURCE)
+
+def _extension_name() -> str:
+    return PART.name
 
 
 def _build_dir() -> Path:
@@ -115,32 +120,58 @@ def build(*, verbose: bool = False) -> Path:
 
 
 def _load(*, verbose: bool = False, strict: bool = False) -> Any:
-    """The extension module, building it on first use; None (and a reason kept) on failure."""
+    """The extension module, or None (the profiler backend serves; the reason is kept).
+
+    A finished build (shipped with the package or cached) is imported. Otherwise ``strict`` (``build()``,
+    ``OpObserver(backend="cpp")``) compiles it now; an ``"auto"`` observer never does: it starts the
+    build in the background for the next session and this one counts with the profiler
+    (:mod:`torch_adapter.core.cpp_build`'s policy)."""
     global _EXT, _BUILD_ERROR
     with _LOCK:
         if _EXT is not None:
             return _EXT
         if _BUILD_ERROR is not None and not strict:
             return None
-        from ..core.torch_private import can_build_extensions, load_extension
+        from ..core.torch_private import can_build_extensions, import_built_extension, load_extension
 
+        built = import_built_extension(_extension_name())
+        if built is not None:
+            _EXT = built
+            return _EXT
+        if not strict:
+            from ..core.cpp_build import build_in_background
+
+            _STATE["background"] = state = build_in_background(PART)
+            if state in ("started", "building"):
+                return None  # not an error: the next start looks again
+            _BUILD_ERROR = _build_failure(RuntimeError(state))
+            return None
         try:
-            if not is_built():
-                if not can_build_extensions():
-                    raise RuntimeError("no C++ compiler ($CXX, else c++) or no ninja on this machine")
-                if not verbose:
-                    print("torch_adapter: compiling the C++ op observer (once; ~10 s, then cached; `torch-adapter build` does it ahead)...",
-                          file=sys.stderr, flush=True)
+            if not can_build_extensions():
+                raise RuntimeError("no C++ compiler ($CXX, else c++) or no ninja on this machine")
+            if not verbose:
+                print("torch_adapter: compiling the C++ op observer (once; ~10 s, then cached; `torch-adapter build` does it ahead)...",
+                      file=sys.stderr, flush=True)
             _EXT = load_extension(_extension_name(), _SOURCE, verbose=verbose)
             _BUILD_ERROR = None
         except Exception as exc:  # a compiler error, no compiler, no ninja: fall back
             _BUILD_ERROR = _build_failure(exc)
-            if strict:
-                from ..errors import AdapterError
+            from ..errors import AdapterError
 
-                raise AdapterError(_BUILD_ERROR) from exc
-            return None
+            raise AdapterError(_BUILD_ERROR) from exc
         return _EXT
+
+
+def unavailable_why() -> str:
+    """Why the C++ observer does not serve this session, and what the stand-in costs."""
+    if _BUILD_ERROR is not None:
+        return _BUILD_ERROR
+    state = _STATE.get("background", "")
+    doing = ("being built in the background for the next session" if state in ("started", "building")
+             else f"not built ({state})" if state else "not built")
+    return (f"torch_adapter: the C++ op observer is {doing}; until it is, ops are counted through the "
+            f"autograd profiler — {PART.fallback}. `torch-adapter build` builds every C++ part now "
+            "(about a minute, once per torch version).")
 
 
 def _build_failure(exc: BaseException) -> str:
@@ -189,9 +220,16 @@ class OpObserver:
         self.result = None
         impl: Any = None
         if self.requested in ("auto", "cpp"):
-            ext = _load()
-            if ext is None:
-                self._report(_BUILD_ERROR or "the C++ observer is unavailable", once=True)
+            try:
+                ext = _load(strict=self.requested == "cpp")
+            except Exception:  # asked for C++ and it does not build: the reason is reported
+                ext = None
+            if ext is None and _BUILD_ERROR is None and self.requested == "auto":
+                from ..core.cpp_build import say_once  # being built: a notice, not a failure
+
+                say_once("observer", unavailable_why())
+            elif ext is None:
+                self._report(unavailable_why(), once=True)
             else:
                 impl = _CppSession(ext)
         if impl is None and self.requested in ("auto", "python"):
