@@ -90,9 +90,14 @@ def ensure_built() -> str:
     returns what happened, for the session's log: "built", "building", "started", "off" or why not."""
     if os.environ.get(ENV) == "python":
         return "off"
-    from ..core.cpp_build import build_in_background
+    from ..core.cpp_build import build_in_background, say_once
 
-    return build_in_background(PART)
+    state = build_in_background(PART)
+    if state in ("started", "building"):
+        say_once("half-gate", "torch_adapter: the C++ float16 gate is being built in the background for the next "
+                 f"session; until then Python kernels rewrite float16 — {PART.fallback}. `torch-adapter build` "
+                 "builds every C++ part now.")
+    return state
 
 
 def spawned() -> subprocess.Popen | None:
