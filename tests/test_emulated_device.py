@@ -307,3 +307,27 @@ def test_emulated_and_simulated_npu_agree_op_for_op(tmp_path):
     assert differ == {}
     assert "fallback" in emu["aten::_logcumsumexp"]
     assert got["sim"]["loss"] == pytest.approx(got["emu"]["loss"], rel=1e-5)
+
+
+def test_torch_device_of_an_int_is_decided_per_caller():
+    """``torch.device(0)`` is ``cuda:0`` to the program (mapped where it is used), but torch's own code
+    gets torch's answer — the machine's accelerator — on a real accelerator (here the emulated npu),
+    and ``cuda:0`` only where this torch has none (the CPU target). Issue 39: it was cuda:0 for everyone."""
+    r = results("""
+import json, torch, torch_adapter
+TORCH_SIDE = "def ask(i):\\n    return str(torch.device(i))\\n"
+def torch_side():  # a function whose module is torch's, as torch.nn.parallel's would be
+    scope = {"__name__": "torch._adapter_probe", "torch": torch}
+    exec(TORCH_SIDE, scope)
+    return scope["ask"]
+out = {}
+with torch_adapter.adapted("cpu"):
+    out["cpu_program"], out["cpu_torch"] = str(torch.device(0)), torch_side()(0)
+torch_adapter.install(target="npu", emulate=True)
+out["npu_program"], out["npu_torch"] = str(torch.device(0)), torch_side()(0)
+out["npu_used"] = str(torch.ones(1, device=torch.device(0)).device)
+torch_adapter.uninstall()
+print("RESULT " + json.dumps(out))
+""")
+    assert r == {"cpu_program": "cuda:0", "cpu_torch": "cuda:0", "npu_program": "cuda:0", "npu_torch": "npu:0",
+                 "npu_used": "npu:0"}, r

@@ -8,8 +8,11 @@ libraries call it themselves: transformers' ``from_pretrained(device_map="auto")
 nor patched), so the *name* ``torch.device`` gets a stand-in class while installed:
 
 - calling it with one int gives ``torch.device("cuda", i)`` — the real C object, mapped to
-  the target where it is used, like ``torch.device("cuda:0")``; every other call is
-  forwarded unchanged, so ``torch.device("meta")`` and ``with torch.device(...)`` are torch's;
+  the target where it is used, like ``torch.device("cuda:0")`` — to the program and its libraries;
+  torch's own code (decided per caller, as ``torch.accelerator``'s answers are) gets torch's
+  answer, the machine's accelerator (``npu:0`` on an npu), and ``cuda:i`` only where this torch
+  has none; every other call is forwarded unchanged, so ``torch.device("meta")`` and
+  ``with torch.device(...)`` are torch's;
 - ``isinstance(d, torch.device)`` and ``issubclass`` answer for the C type; attributes of the
   class (``torch.device.type``) are the C type's;
 - pickling a device writes ``torch.device`` exactly as torch does (a ``copyreg`` entry,
@@ -36,6 +39,25 @@ import torch
 from ..core.patching import STAND_IN
 
 __all__ = ["apply"]
+
+
+def _torch_asks() -> bool:
+    """Whether ``torch.device(i)`` was called by torch's own code (not while dynamo traces or folds the
+    program's call): the nearest frame past pass-through ones decides, as for ``torch.accelerator``."""
+    import sys
+
+    from .accelerator import PASS_THROUGH, TEST_HELPERS
+
+    if torch.compiler.is_dynamo_compiling():
+        return False
+    frame = sys._getframe(2)  # _torch_asks <- __call__ <- the caller
+    while frame is not None:
+        name = frame.f_globals.get("__name__") or ""
+        if name not in PASS_THROUGH:
+            return ((name == "torch" or name.startswith("torch.")) and not name.startswith(TEST_HELPERS)
+                    and not name.startswith("torch._dynamo"))  # dynamo folding the program's call: the program's
+        frame = frame.f_back
+    return False
 
 
 def apply(session: Any, mapper: Any) -> None:
@@ -67,6 +89,11 @@ def apply(session: Any, mapper: Any) -> None:
 
         def __call__(cls, *args: Any, **kwargs: Any) -> Any:
             if len(args) == 1 and not kwargs and type(args[0]) is int:
+                if _torch_asks():
+                    try:  # torch's own code: torch's answer, the machine's accelerator (npu:0 on an npu)
+                        return CDevice(*args)
+                    except RuntimeError:  # a torch without an accelerator: the ordinal is the program's cuda
+                        pass
                 dev = CDevice("cuda", args[0])
                 mapper.log.record("device", f"torch.device({args[0]})", f"{mapper.device(args[0])} (where it is used)",
                                   depth=3)
