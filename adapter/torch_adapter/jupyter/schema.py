@@ -17,7 +17,7 @@ routes and no ``top_yours``/``top_refused``)::
      "target": "mps", "simulated": true, "policy": "allow",
      "counts": {"native": 412, "composite": 37, "yours": 2, "fallback": 3, "refused": 0},  # op calls
      "ops": {"native": 40, "composite": 5, "yours": 1, "fallback": 1, "refused": 0},      # distinct ops
-     "top_fallbacks": [{"op": "aten::nonzero", "calls": 3, "reason": "...",
+     "top_fallbacks": [{"op": "aten::nonzero", "calls": 3, "reason": "...", "code": "TA-F001",
                         "site": "train.py:12" | null}],        # route fallback: ran on the CPU
      "top_yours": [...], "top_refused": [...],                  # the same, for those routes
      "wall_ms": 12.5, "op_time_ms": 8.1, "bytes_copied": 2048,
@@ -25,9 +25,10 @@ routes and no ``top_yours``/``top_refused``)::
      "session_id": "3f2a9c0d1b7e",   # one per %load_ext: totals count only the current session's cells
      "dtypes": {"judged": true, "note": "", "calls": 1,              # simulated targets only
                 "findings": [{"op": "aten::empty.memory_format", "dtype": "float64", "calls": 1,
-                              "message": "...", "site": "cell [4], line 1" | null}]}}
+                              "message": "...", "code": "TA-D001", "site": "cell [4], line 1" | null}]}}
 
-``dtypes`` is a finding kind of its own, never a route: calls the real target refuses for their
+``code`` is the reason's stable code (docs/reasons.md; added within version 2: older front ends ignore
+it). ``dtypes`` is a finding kind of its own, never a route: calls the real target refuses for their
 dtype (``configure(dtype_check="record")``); ``judged`` false says the profile has no dtype data.
 
 The status (:data:`STATUS_SCHEMA`, same version) is what ``%adapter`` shows, plus ``loaded``
@@ -74,7 +75,7 @@ def build_payload(log: Any, *, cell_id: str | None, execution_count: int | None,
         distinct[rec.route].add(rec.op)
     def top_of(route: str) -> list[dict[str, Any]]:
         ranked = sorted((r for r in records if r.route == route), key=lambda r: -r.calls)[:top]
-        return [{"op": r.op, "calls": r.calls, "reason": r.reason, "site": _site(r.site)} for r in ranked]
+        return [{"op": r.op, "calls": r.calls, "reason": r.reason, "code": r.code, "site": _site(r.site)} for r in ranked]
 
     return {
         "schema": SCHEMA, "version": VERSION, "cell_id": cell_id, "execution_count": execution_count,
@@ -98,7 +99,7 @@ def _dtypes(log: Any, top: int) -> dict[str, Any]:
         return {}
     return {"dtypes": {"judged": not note, "note": note or "", "calls": sum(f["calls"] for f in findings),
                        "findings": [{"op": f["op"], "dtype": f["dtype"], "calls": f["calls"], "message": f["message"],
-                                     "site": _site(f["site"])} for f in findings[:top]]}}
+                                     "code": f.get("code", ""), "site": _site(f["site"])} for f in findings[:top]]}}
 
 
 def _dtype_text(payload: dict[str, Any]) -> str:
@@ -125,17 +126,23 @@ def counts_text(counts: dict[str, int], words: dict[str, str] = SHORT) -> str:
 _TOP = (("top_refused", "refused"), ("top_fallbacks", "fallback"), ("top_yours", "yours"))
 
 
+def _coded(fb: dict[str, Any]) -> str:
+    """``"TA-F001 no MPS kernel and no decomposition; ..."``: the reason led by its code (docs/reasons.md)."""
+    return f"{fb['code']} {fb['reason']}" if fb.get("code") else fb["reason"]
+
+
 def render_text(payload: dict[str, Any]) -> str:
     line = (f"torch_adapter [{_label(payload)}]: {counts_text(payload['counts'], LONG)} op calls "
             f"({payload['ops']['fallback']} distinct ops fell back to the CPU){_dtype_text(payload)}")
     for key, route in _TOP:
         for fb in payload.get(key, []):
             where = f" at {fb['site']}" if fb["site"] else ""
-            line += f"\n  {LONG[route]} {fb['op']} ×{fb['calls']}{where}: {fb['reason']}"
+            line += f"\n  {LONG[route]} {fb['op']} ×{fb['calls']}{where}: {_coded(fb)}"
     d = payload.get("dtypes") or {}
     for f in d.get("findings", []):
         where = f" at {f['site']}" if f["site"] else ""
-        line += f"\n  dtype {f['dtype']} not on {payload['target']}: {f['op']} ×{f['calls']}{where}: {f['message']}"
+        line += (f"\n  dtype {f['dtype']} not on {payload['target']}: {f['op']} ×{f['calls']}{where}: "
+                 f"{f.get('code', 'TA-D001')} {f['message']}")
     if d and not d["judged"]:
         line += f"\n  dtypes not judged: {d['note']}"
     return line
@@ -149,7 +156,7 @@ def render_html(payload: dict[str, Any]) -> str:
         f'background:{_COLORS[r]}"></span>' for r in ROUTES if c[r])
     tips = "".join(
         f"<li>{LONG[route]} <code>{html.escape(fb['op'])}</code> ×{fb['calls']}"
-        f"{' at <code>' + html.escape(fb['site']) + '</code>' if fb['site'] else ''}: {html.escape(fb['reason'])}</li>"
+        f"{' at <code>' + html.escape(fb['site']) + '</code>' if fb['site'] else ''}: {html.escape(_coded(fb))}</li>"
         for key, route in _TOP for fb in payload.get(key, []))
     worst = next((r for r in ("refused", "fallback") if c.get(r)), "native")
     colour = _COLORS[worst]

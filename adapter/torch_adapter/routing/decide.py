@@ -62,8 +62,15 @@ class RouteDecision:
     reason: str
     via: str | None = None
 
+    @property
+    def code(self) -> str:
+        """The reason's stable code (``TA-F001``: core/codes.py, docs/reasons.md)."""
+        from ..core.codes import route_code
+
+        return route_code(self.route, self.via, self.reason)
+
     def __str__(self) -> str:
-        return f"{self.op} -> {self.route.value} ({self.reason})"
+        return f"{self.op} -> {self.route.value} ({self.code}: {self.reason})"
 
 
 # -- the decision ----------------------------------------------------------------------------

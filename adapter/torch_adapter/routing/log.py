@@ -35,6 +35,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.codes import dtype_code, route_code
 from .wording import ROUTES, SHORT, WORST_FIRST, format_bytes
 
 __all__ = ["OpRecord", "DtypeFinding", "RoutingLog", "SCHEMA", "VERSION", "user_site", "counts_text", "tree_prefix"]
@@ -71,11 +72,16 @@ class OpRecord:
     def bytes_copied(self) -> int:
         return self.bytes_to_cpu + self.bytes_from_cpu
 
+    @property
+    def code(self) -> str:
+        """The reason's stable code (``TA-F001``: core/codes.py, docs/reasons.md)."""
+        return route_code(self.route, self.via, self.reason)
+
     def as_dict(self) -> dict[str, Any]:
         return {"op": self.op, "route": self.route, "calls": self.calls,
                 "self_time_ms": round(self.self_time_ns / 1e6, 6), "bytes_copied": self.bytes_copied,
                 "bytes_to_cpu": self.bytes_to_cpu, "bytes_from_cpu": self.bytes_from_cpu,
-                "reason": self.reason, "via": self.via, "site": self.site, "parent": self.parent}
+                "reason": self.reason, "code": self.code, "via": self.via, "site": self.site, "parent": self.parent}
 
 
 @dataclass
@@ -92,7 +98,7 @@ class DtypeFinding:
 
     def as_dict(self) -> dict[str, Any]:
         return {"op": self.op, "dtype": self.dtype, "calls": self.calls, "error": self.error,
-                "message": self.message, "source": self.source, "site": self.site}
+                "message": self.message, "source": self.source, "site": self.site, "code": dtype_code(self)}
 
 
 def _site_key(site: dict[str, Any] | None) -> tuple[Any, Any]:
@@ -346,7 +352,7 @@ def rich_table(log: RoutingLog, limit: int | None = 40) -> Any:
     elif log.dtype_note:
         title += " · dtypes not judged"
     table = Table(title=title, show_lines=False)
-    for col, justify in (("op", "left"), ("route", "left"), ("calls", "right"), ("self ms", "right"),
+    for col, justify in (("op", "left"), ("route", "left"), ("code", "left"), ("calls", "right"), ("self ms", "right"),
                          ("copied", "right"), ("reason", "left"), ("first call site", "left")):
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     style = {"native": "green", "composite": "yellow", "yours": "blue", "fallback": "red", "refused": "magenta"}
@@ -354,10 +360,10 @@ def rich_table(log: RoutingLog, limit: int | None = 40) -> Any:
     for depth, rec in records[:limit] if limit else records:
         site = site_text(rec.site, short=True)
         op = tree_prefix(depth) + rec.op
-        table.add_row(op, f"[{style[rec.route]}]{rec.route}[/]", str(rec.calls), f"{rec.self_time_ns / 1e6:.2f}",
+        table.add_row(op, f"[{style[rec.route]}]{rec.route}[/]", rec.code, str(rec.calls), f"{rec.self_time_ns / 1e6:.2f}",
                       _fmt_bytes(rec.bytes_copied) if rec.bytes_copied else "", rec.reason, site)
     for f in log.dtype_findings.values():  # their own kind: never a route
-        table.add_row(f.op, f"[magenta]dtype {f.dtype}[/]", str(f.calls), "", "",
+        table.add_row(f.op, f"[magenta]dtype {f.dtype}[/]", dtype_code(f), str(f.calls), "", "",
                       f"dtype {f.dtype} not on {log.target}: {f.message}", site_text(f.site, short=True))
     if limit and len(records) > limit:
         table.caption = f"{len(records) - limit} more entries: log.table() has them all"
