@@ -125,3 +125,39 @@ def test_route_code_is_the_same_for_a_row_and_its_decision():
         row = log.add_decision(d)
         assert row.code == d.code == row.as_dict()["code"] != codes.UNCLASSIFIED
         assert codes.page(d.code).startswith("docs/reasons.md#ta-")
+
+
+def test_policies_take_codes_deny_and_allow():
+    import warnings
+
+    import torch
+
+    import torch_adapter
+    from torch_adapter.errors import FallbackError, UsageError
+    from torch_adapter.routing.policy import FallbackWarning
+
+    x = torch.randn(8, 4)
+    with torch_adapter.adapted("mps", simulate=True, deny=["TA-F001"]):
+        with pytest.raises(FallbackError) as err:
+            torch.pdist(x.cuda())
+        assert "its reason code TA-F001 is in configure(deny=...)" in str(err.value)
+        assert "docs/reasons.md#ta-f001" in str(err.value)
+        assert (x.cuda() + 1).sum().item() == pytest.approx((x + 1).sum().item())  # natives run on
+    # allow: one op (or one code) falls back silently under a refusing or warning policy
+    with torch_adapter.adapted("mps", simulate=True, fallback="error", allow=["aten::_pdist_forward"]):
+        torch.testing.assert_close(torch.pdist(x.cuda()).cpu(), torch.pdist(x))
+        with pytest.raises(FallbackError):
+            torch.linalg.eigh((x.T @ x).cuda())
+    with torch_adapter.adapted("mps", simulate=True, fallback="warn", allow=["TA-F001"]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a FallbackWarning would raise here
+            torch.pdist(x.cuda())
+    with torch_adapter.adapted("mps", simulate=True, fallback="warn"):
+        with pytest.warns(FallbackWarning, match="TA-F001"):
+            torch.pdist(x.cuda())
+    for bad, words in ((["TA-N001"], "a native code"), (["TA-Z999"], "CPU-fallback reason codes"),
+                       (None, "refused and allowed at once")):
+        kwargs = {"deny": bad} if bad else {"deny": ["TA-F001"], "allow": ["TA-F001"]}
+        with pytest.raises(UsageError, match=words):
+            torch_adapter.install(target="mps", simulate=True, **kwargs)
+        assert torch_adapter.current() is None

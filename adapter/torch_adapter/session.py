@@ -187,7 +187,7 @@ class AdapterSession:
         """What a child process needs to install the same session (JSON-able). A session
         simulating a ``.toml`` profile names the file, so it installs again from it."""
         cfg = self.config.as_dict()
-        for key in ("force_cpu", "deny", "fusion_patterns", "activation_checkpointing"):
+        for key in ("force_cpu", "deny", "allow", "fusion_patterns", "activation_checkpointing"):
             cfg[key] = list(cfg[key])
         profile = str(self.target.details.get("profile", "")) if self.target.simulated else ""
         name = profile if profile.endswith(".toml") else self.target.name
@@ -251,7 +251,7 @@ def _check_policy(tgt: Target, cfg: Config) -> None:
         # engine's kernels sit on it. The names are checked when the new session opens instead (after
         # the active one is suspended); a failure there resumes the active session as it was.
         return
-    if cfg.force_cpu or cfg.deny:  # unknown op names fail here, before anything changes
+    if cfg.force_cpu or cfg.deny or cfg.allow:  # unknown op names or codes fail here, before anything changes
         from .routing.policy import make_policy
         from .routing.profiles import profile_for
 
@@ -305,7 +305,8 @@ def install(target: str | Target = "auto", *, simulate: bool = False, emulate: b
     PrivateUse1 device whose memory is host memory, torch_adapter/emulated). Options: ``amp_dtype`` ("auto" | "float16" | "bfloat16" | "float32"; or
     ``mixed_precision`` "fp16" | "bf16" | "fp32" | None), ``float16_compute`` ("auto" | "bfloat16" |
     "float32" | "float16"), ``dtype_policy`` ("auto" | "float16" | "float32"), ``fallback`` ("allow" | "warn" |
-    "error"), ``force_cpu``, ``deny``, ``propagate`` (adapt child processes too),
+    "error"), ``force_cpu``, ``deny`` and ``allow`` (op names or reason codes such as ``"TA-F001"``:
+    docs/reasons.md), ``propagate`` (adapt child processes too),
     ``communication_backend``, ``log_redirects``, the optimization layer (docs/tools.md):
     ``optimization_level`` ("conservative" | "balanced" | "aggressive"), ``fusion_patterns``,
     ``memory_strategy`` ("default" | "reuse" | "aggressive" | "low"), ``gradient_checkpointing``,

@@ -69,7 +69,10 @@ class Config:
     # Fallback policy for ops the target lacks (routing engine): allow | warn | error.
     fallback: str = "allow"
     force_cpu: tuple[str, ...] = ()
+    # Ops (aten names) or reason codes (TA-F001: docs/reasons.md): deny refuses their CPU fallback
+    # (FallbackError); allow lets them fall back silently whatever the fallback policy says.
     deny: tuple[str, ...] = ()
+    allow: tuple[str, ...] = ()
     # Simulated targets: a dtype the real backend refuses raises its error | is recorded | off.
     dtype_check: str = "raise"
     # Child processes (mp.spawn, DataLoader spawn workers, subprocesses) adapted too.
@@ -141,7 +144,7 @@ def make_config(kwargs: dict[str, Any], base: Config | None = None) -> Config:
                 "torch_adapter.install()/configure()", f"keyword arguments among {sorted(_NAMES | {'mixed_precision'})}",
                 repr(key) + did_you_mean(key, _NAMES | {"mixed_precision"}),
                 fix="check the spelling; see help(torch_adapter.install) and docs/tools.md"))
-        if key in ("force_cpu", "deny", "fusion_patterns"):
+        if key in ("force_cpu", "deny", "allow", "fusion_patterns"):
             value = _names(key, value)
         elif key == "activation_checkpointing":
             value = _module_names(value)

@@ -19,7 +19,7 @@ def _neutral(registry: Any, policy: Any) -> bool:
     """Do ``registry`` and ``policy`` leave every route as it is without them? (decide() reads
     only the registry's two sets and the policy's force_cpu, deny and fallback="error".)"""
     return (registry is None or not (registry.accelerated or registry.fallback)) and \
-        (policy is None or not (policy.force_cpu or policy.deny or policy.fallback == "error"))
+        (policy is None or not (policy.force_cpu or policy.deny or policy.deny_codes or policy.fallback == "error"))
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -172,11 +172,13 @@ REFUSED_MARK = "; refused: "
 
 def refused(d: RouteDecision, policy: Any) -> RouteDecision:
     """``d`` (a fallback) as the policy has it: REFUSED when ``fallback="error"`` or ``deny``
-    names the op, else ``d`` itself."""
-    if d.route is not Route.FALLBACK:
+    names the op or its reason's code, and ``allow`` names neither; else ``d`` itself."""
+    if d.route is not Route.FALLBACK or policy.allowed(d):
         return d
     if d.op in policy.deny:
         why = "the op is in configure(deny=...)"
+    elif policy.denied(d):
+        why = f"its reason code {d.code} is in configure(deny=...)"
     elif policy.fallback == "error":
         why = 'the fallback policy is "error"'
     else:

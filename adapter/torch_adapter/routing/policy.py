@@ -16,6 +16,7 @@ ops the target runs natively warn (the policy would have no effect, or — for
 
 from __future__ import annotations
 
+import re
 import threading
 import warnings
 from dataclasses import dataclass
@@ -41,6 +42,41 @@ class Policy:
     fallback: str = "allow"
     force_cpu: frozenset[str] = frozenset()
     deny: frozenset[str] = frozenset()
+    deny_codes: frozenset[str] = frozenset()  # reason codes (TA-F001) whose fallbacks are refused
+    allow: frozenset[str] = frozenset()  # ops that fall back silently whatever ``fallback`` says
+    allow_codes: frozenset[str] = frozenset()
+
+    def allowed(self, decision: Any) -> bool:
+        """``configure(allow=...)`` names the op or its reason's code."""
+        return decision.op in self.allow or (bool(self.allow_codes) and decision.code in self.allow_codes)
+
+    def denied(self, decision: Any) -> bool:
+        """``configure(deny=...)`` names the op or its reason's code."""
+        return decision.op in self.deny or (bool(self.deny_codes) and decision.code in self.deny_codes)
+
+
+CODE = re.compile(r"^TA-[A-Z]\d{3}$")
+
+
+def _codes(names: Iterable[str], option: str) -> tuple[list[str], frozenset[str]]:
+    """Split ``names`` into op names and reason codes; a code must be a CPU-fallback code of the table."""
+    from ..core.codes import CODES
+
+    ops, codes = [], set()
+    for raw in names:
+        if not isinstance(raw, str) or not CODE.match(raw):
+            ops.append(raw)
+            continue
+        code = CODES.get(raw)
+        if code is None or code.route != "fallback":
+            fallbacks = sorted(c for c, v in CODES.items() if v.route == "fallback")
+            raise UsageError(format_error(
+                f"torch_adapter.configure({option}=[{raw!r}])", f"op names or CPU-fallback reason codes ({', '.join(fallbacks)})",
+                repr(raw) + ("" if code is None else f" (a {code.route} code: {code.title})"),
+                why=f"{option} decides whether a CPU fallback may run; only fallback codes name one",
+                fix=f"a code from docs/reasons.md's fallback section, e.g. configure({option}=['TA-F001'])"))
+        codes.add(raw)
+    return ops, frozenset(codes)
 
 
 def _expand(names: Iterable[str], option: str, known: frozenset[str]) -> dict[str, frozenset[str]]:
@@ -75,9 +111,17 @@ def make_policy(config: Any, profile: Any) -> Policy:
     from .choose import decide_name
     from .names import known_op_names
 
-    known = known_op_names() if (config.force_cpu or config.deny) else frozenset()  # not read otherwise
+    deny_ops, deny_codes = _codes(config.deny, "deny")
+    allow_ops, allow_codes = _codes(getattr(config, "allow", ()), "allow")
+    known = known_op_names() if (config.force_cpu or deny_ops or allow_ops) else frozenset()  # not read otherwise
     force = _expand(config.force_cpu, "force_cpu", known)
-    deny = _expand(config.deny, "deny", known)
+    deny = _expand(deny_ops, "deny", known)
+    allow = _expand(allow_ops, "allow", known)
+    both = sorted(set().union(*deny.values(), deny_codes) & set().union(*allow.values(), allow_codes))
+    if both:
+        raise UsageError(format_error(
+            "torch_adapter.configure(deny=..., allow=...)", "each op or code in one of them", ", ".join(both),
+            why="an op cannot be refused and allowed at once", fix=f"remove {both[0]!r} from one of the two"))
     for raw, ops in force.items():
         if any(n in rules.ENGINE_OPS or decide_name(n, profile).via in ("view", "metadata") for n in ops):
             raise UsageError(format_error(
@@ -94,7 +138,8 @@ def make_policy(config: Any, profile: Any) -> Policy:
             reason = next(iter(routes.values())).reason
             _warn(f"configure(deny=[{raw!r}]): {raw} never runs on the CPU on {profile.name} ({reason}); "
                   f"deny has no effect there")
-    return Policy(config.fallback, frozenset().union(*force.values()), frozenset().union(*deny.values()))
+    return Policy(config.fallback, frozenset().union(*force.values()), frozenset().union(*deny.values()),
+                  deny_codes, frozenset().union(*allow.values()), allow_codes)
 
 
 def policy_of(session: Any) -> Policy | None:
@@ -115,22 +160,29 @@ class FallbackCounter:
     def check(self, policy: Policy, decision: Any) -> None:
         """Called before an op runs on the CPU: raise under "error"/deny."""
         op = decision.op
-        if op in policy.deny or policy.fallback == "error":
+        if policy.allowed(decision):
+            return
+        denied = policy.denied(decision)
+        if denied or policy.fallback == "error":
             from ..core.callsite import running_as, user_site
 
             site = user_site(call=True)
             where = running_as()
-            why = "it is in configure(deny=...)" if op in policy.deny else 'the fallback policy is "error"'
+            named = op if op in policy.deny else decision.code
+            why = (f"{'it' if named == op else f'its reason code {named}'} is in configure(deny=...)" if denied
+                   else 'the fallback policy is "error"')
             call = f"`{site['call']}`" if site and site.get("call") else "this call"
-            if op in policy.deny:
-                ways = f"remove {op!r} from deny (`torch_adapter.configure(deny=[...])`) to let {call} run it on the CPU"
+            if denied:
+                ways = f"remove {named!r} from deny (`torch_adapter.configure(deny=[...])`) to let {call} run it on the CPU"
             else:
                 ways = (f"to let {call} run {op} on the CPU, {setting('fallback', 'warn', where)} (it warns at the "
-                        f"1st, 2nd, 4th ... call; `allow`: silently)")
+                        f"1st, 2nd, 4th ... call; `allow`: silently), or allow it alone: configure(allow=[{op!r}]) "
+                        f"or its code, allow=[{decision.code!r}]")
             ways += f"; to keep it on the target, give it an implementation: @torch_adapter.register_fallback({op!r})"
             raise FallbackError(format_error(
                 f"{op} on {self.target}{_called_from(site)}", "an op the target runs natively or by decomposition",
-                f"a CPU fallback ({decision.reason})", why=why, fix=ways))
+                f"a CPU fallback ({decision.code}: {decision.reason}; docs/reasons.md#{decision.code.lower()})",
+                why=why, fix=ways))
 
     def count(self, policy: Policy, decision: Any, nbytes: int) -> None:
         """Count one CPU call of ``decision.op``; warn at the 1st, 2nd, 4th, 8th ... call."""
@@ -140,14 +192,14 @@ class FallbackCounter:
             self.calls[op] = n
             total = self.bytes.get(op, 0) + nbytes
             self.bytes[op] = total
-        if policy.fallback == "warn" and n & (n - 1) == 0:
+        if policy.fallback == "warn" and n & (n - 1) == 0 and not policy.allowed(decision):
             from ..core.callsite import running_as, user_site
             from .wording import format_bytes
 
             site = user_site(call=True) or {"file": "<torch>", "line": 0, "function": ""}
             warnings.warn_explicit(
                 f"{op}{_called_from(site, at=False)} ran on the CPU on {self.target}: call {n} of this op so far, "
-                f"{format_bytes(total)} copied ({decision.reason}). Next warning at call {2 * n}. "
+                f"{format_bytes(total)} copied ({decision.code}: {decision.reason}). Next warning at call {2 * n}. "
                 f"Fix: register an implementation with torch_adapter.register_fallback({op!r}), "
                 f"or silence with {setting('fallback', 'allow', running_as())}.",
                 FallbackWarning, site["file"], site["line"])
