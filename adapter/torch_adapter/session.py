@@ -89,7 +89,8 @@ class AdapterSession:
         """Whether the routing engine runs: simulated targets, policies, and every real device target
         other than the host (ops it lacks that a decomposition covers run decomposed, as routed)."""
         on_device = not self.target.simulated and self.target.device_type not in ("cpu", "cuda")
-        return bool(self.target.simulated or on_device or cfg.fallback != "allow" or cfg.force_cpu or cfg.deny)
+        return bool(self.target.simulated or on_device or cfg.fallback != "allow" or cfg.force_cpu or cfg.deny
+                    or cfg.max_fallbacks is not None)
 
     def _apply_low_precision(self) -> None:
         from .routing import low_precision
@@ -306,7 +307,7 @@ def install(target: str | Target = "auto", *, simulate: bool = False, emulate: b
     ``mixed_precision`` "fp16" | "bf16" | "fp32" | None), ``float16_compute`` ("auto" | "bfloat16" |
     "float32" | "float16"), ``dtype_policy`` ("auto" | "float16" | "float32"), ``fallback`` ("allow" | "warn" |
     "error"), ``force_cpu``, ``deny`` and ``allow`` (op names or reason codes such as ``"TA-F001"``:
-    docs/reasons.md), ``propagate`` (adapt child processes too),
+    docs/reasons.md), ``max_fallbacks`` (how many distinct ops may fall back), ``propagate`` (adapt child processes too),
     ``communication_backend``, ``log_redirects``, the optimization layer (docs/tools.md):
     ``optimization_level`` ("conservative" | "balanced" | "aggressive"), ``fusion_patterns``,
     ``memory_strategy`` ("default" | "reuse" | "aggressive" | "low"), ``gradient_checkpointing``,

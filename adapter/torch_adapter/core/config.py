@@ -73,6 +73,9 @@ class Config:
     # (FallbackError); allow lets them fall back silently whatever the fallback policy says.
     deny: tuple[str, ...] = ()
     allow: tuple[str, ...] = ()
+    # A budget of distinct ops that may fall back to the CPU: the first call of one more raises
+    # FallbackError listing them (None: no budget). `run --max-fallbacks` judges the whole run.
+    max_fallbacks: int | None = None
     # Simulated targets: a dtype the real backend refuses raises its error | is recorded | off.
     dtype_check: str = "raise"
     # Child processes (mp.spawn, DataLoader spawn workers, subprocesses) adapted too.
@@ -233,6 +236,12 @@ def _check(cfg: Config) -> None:
                                       why="it is what torch.cuda.device_count() answers where every CUDA index "
                                           "names the CPU",
                                       fix="e.g. configure(device_count=2) for a program that asks for 2 GPUs"))
+    budget = cfg.max_fallbacks
+    if budget is not None and (type(budget) is not int or budget < 0):
+        raise UsageError(format_error(_call("max_fallbacks"), "None or a whole number of ops >= 0",
+                                      f"{budget!r} ({type(budget).__name__})",
+                                      why="it is how many distinct ops may run on the CPU before one more raises",
+                                      fix="e.g. configure(max_fallbacks=0): no CPU fallback at all"))
     _check_backend(cfg)
 
 

@@ -45,6 +45,7 @@ class Policy:
     deny_codes: frozenset[str] = frozenset()  # reason codes (TA-F001) whose fallbacks are refused
     allow: frozenset[str] = frozenset()  # ops that fall back silently whatever ``fallback`` says
     allow_codes: frozenset[str] = frozenset()
+    max_fallbacks: int | None = None  # distinct ops that may fall back before one more raises
 
     def allowed(self, decision: Any) -> bool:
         """``configure(allow=...)`` names the op or its reason's code."""
@@ -139,7 +140,7 @@ def make_policy(config: Any, profile: Any) -> Policy:
             _warn(f"configure(deny=[{raw!r}]): {raw} never runs on the CPU on {profile.name} ({reason}); "
                   f"deny has no effect there")
     return Policy(config.fallback, frozenset().union(*force.values()), frozenset().union(*deny.values()),
-                  deny_codes, frozenset().union(*allow.values()), allow_codes)
+                  deny_codes, frozenset().union(*allow.values()), allow_codes, getattr(config, "max_fallbacks", None))
 
 
 def policy_of(session: Any) -> Policy | None:
@@ -162,6 +163,23 @@ class FallbackCounter:
         op = decision.op
         if policy.allowed(decision):
             return
+        budget = policy.max_fallbacks
+        if budget is not None and op not in self.calls:
+            with self._lock:
+                fell = sorted(o for o, n in self.calls.items() if n)
+            if len(fell) >= budget:
+                from ..core.callsite import user_site
+
+                site = user_site(call=True)
+                listed = ", ".join(fell[:10]) + (f" and {len(fell) - 10} more" if len(fell) > 10 else "")
+                raise FallbackError(format_error(
+                    f"{op} on {self.target}{_called_from(site)}", f"at most {budget} distinct ops on the CPU "
+                    "(configure(max_fallbacks=...))",
+                    f"one more: {op} ({decision.code}: {decision.reason})" + (f"; already: {listed}" if fell else ""),
+                    why="the session's fallback budget is spent",
+                    fix=(f"raise the budget (configure(max_fallbacks={budget + 1})), allow this one "
+                         f"(configure(allow=[{op!r}]) or its code {decision.code!r}), or give it an implementation: "
+                         f"@torch_adapter.register_fallback({op!r})")))
         denied = policy.denied(decision)
         if denied or policy.fallback == "error":
             from ..core.callsite import running_as, user_site
