@@ -64,6 +64,13 @@ def _add_run(sub: Any) -> None:
                    help="how many CUDA devices the CPU target (or the emulated device) shows: a program that "
                         "asks for N GPUs (Lightning's devices=N, mp.spawn over device_count()) starts N ranks on "
                         "the CPU (default: 1, or one per local rank under a launcher)")
+    gate = p.add_argument_group("gate (CI: exit 3 when the run exceeds what is allowed; docs/cli.md#gate)")
+    gate.add_argument("--max-fallbacks", type=_count, default=None, metavar="N",
+                      help="at most N distinct ops may run on the CPU (with --baseline: N new ones)")
+    gate.add_argument("--deny", action="append", metavar="OP_OR_CODE",
+                      help="an op (aten::nonzero) or reason code (TA-F001, docs/reasons.md) that may not fall back (repeatable)")
+    gate.add_argument("--baseline", metavar="ROUTING_JSON",
+                      help="an earlier run's --report-json: fail only on new fallbacks, refused ops or slower routes")
     p.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name (like python -m)")
     p.add_argument("script", metavar="SCRIPT", help="the script (or module with -m) to run")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments passed to SCRIPT")
@@ -81,9 +88,22 @@ def _device_count(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number of ops >= 0, got {text!r}")
+    return value
+
+
 def _run(args: argparse.Namespace) -> int:
+    from ..launch.gate import Gate, check_deny, load_baseline
     from ..launch.runner import run_script
 
+    gate = Gate(args.max_fallbacks, check_deny(args.deny), load_baseline(args.baseline) if args.baseline else None,
+                args.baseline or "")
     extra: dict[str, Any] = {} if args.device_count is None else {"device_count": args.device_count}
     if args.emulate:
         extra["emulate"] = True
@@ -92,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
                       report=report, report_json=args.report_json, amp_dtype=args.amp_dtype,
                       fallback=args.fallback, optimization_level=args.optimize,
                       float16_compute=args.float16_compute, dtype_policy=args.dtype_policy,
-                      dtype_check=args.dtype_check, exit_guard=True, **extra)
+                      dtype_check=args.dtype_check, exit_guard=True, gate=gate, **extra)
 
 
 def _add_targets(sub: Any) -> None:

@@ -21,11 +21,13 @@ ranks writing one path each leave a complete file and the last one wins.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import sys
 import traceback
-from typing import Any, NoReturn
+from pathlib import Path
+from typing import Any, Iterator, NoReturn
 
 from ..core.callsite import PACKAGE_DIR
 from ..core.command import EXIT_USAGE
@@ -102,7 +104,7 @@ def _script_problem(script: str) -> str | None:
 
 def run_script(script: str, args: list[str], *, module: bool = False, target: str = "auto",
                simulate: bool = False, report: bool = False, report_json: str | None = None,
-               exit_guard: bool = False, **options: Any) -> int:
+               exit_guard: bool = False, gate: Any = None, **options: Any) -> int:
     """Run ``script`` (a path, or a module name with ``module=True``) adapted; return its exit code.
 
     ``script`` may also be a launcher command (``accelerate``, ``torchrun``, …; see _launchers).
@@ -118,11 +120,17 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
 
         how = find(script)
         if how is not None:
-            return _run_launcher([script, *args], how, target, simulate, report, report_json, options)
+            with _gated(gate, report_json) as (json_path, judge):
+                return judge(_run_launcher([script, *args], how, target, simulate, report, json_path, options))
     problem = None if module else _script_problem(script)
     if problem is not None:
         print(problem, file=sys.stderr)
         return EXIT_USAGE
+    if gate is not None and gate.active:
+        with _gated(gate, report_json) as (json_path, judge):
+            return judge(run_script(script, args, module=module, target=target, simulate=simulate, report=report,
+                                    report_json=json_path, exit_guard=exit_guard, judge=judge, **options))
+    judge = options.pop("judge", None)
     try:
         if report_json:
             from ..core.safe_io import check_output
@@ -184,6 +192,8 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
             tracer.__exit__(None, None, None)
         if report or report_json:
             _report(session, log if tracer is not None else None, report, report_json, children)
+        if judge is not None:  # the gate decides the code before the exit guard is armed with it
+            code = judge(code)
         if exit_guard:
             from .exit_guard import arm
 
@@ -270,6 +280,49 @@ def _announce_children(session: Any) -> str | None:
     folder = new_folder()
     session.patcher.set_env(CHILD_SETTINGS_ENV, encode_child_settings({**session.settings(), "announce": folder, "report": True}))
     return folder
+
+
+@contextlib.contextmanager
+def _gated(gate: Any, report_json: str | None) -> Iterator[tuple[str | None, Any]]:
+    """The run's routing log path (a temporary one when the user asked for none) and a ``judge(code)``
+    that applies the gate once, to the log the run wrote: the script's own failure keeps its code,
+    a success that breaks the gate ends with EXIT_GATE (launch/gate.py)."""
+    import json
+    import tempfile
+
+    from .gate import EXIT_GATE
+
+    tmp = None
+    if report_json is None:
+        fd, tmp = tempfile.mkstemp(prefix="torch-adapter-gate-", suffix=".json")
+        os.close(fd)
+        os.unlink(tmp)  # the report writes it: a missing file afterwards says the run wrote none
+    done: list[int] = []
+
+    def judge(code: int) -> int:
+        if done:
+            return done[0]
+        path = report_json or tmp
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            if code == 0:  # nothing to judge: the gate cannot pass a run it did not see
+                print(f"torch_adapter gate: FAILED — no routing log to judge ({path}: {exc})", file=sys.stderr)
+                code = EXIT_GATE
+            done.append(code)
+            return code
+        found = gate.violations(data)
+        print(gate.report(found), file=sys.stderr, flush=True)
+        if found and code == 0:
+            code = EXIT_GATE
+        done.append(code)
+        return code
+
+    try:
+        yield (report_json or tmp), judge
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def _run_launcher(argv: list[str], how: Any, target: str, simulate: bool, report: bool, report_json: str | None,
