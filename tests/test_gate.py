@@ -4,7 +4,6 @@ what a team allows — on real runs of a small CUDA-written script on the simula
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
