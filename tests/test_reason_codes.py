@@ -161,3 +161,96 @@ def test_policies_take_codes_deny_and_allow():
         with pytest.raises(UsageError, match=words):
             torch_adapter.install(target="mps", simulate=True, **kwargs)
         assert torch_adapter.current() is None
+
+
+def _recorded_kinds() -> set[str]:
+    """Every kind a redirect is recorded under, read from the package's source (record/note calls)."""
+    import ast
+
+    kinds = set()
+    for path in (ROOT / "adapter" / "torch_adapter").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr in ("record", "note") and node.args and isinstance(node.args[0], ast.Constant) \
+                    and isinstance(node.args[0].value, str) and len(node.args) >= 3:
+                kinds.add(node.args[0].value)
+    return kinds
+
+
+def test_every_kind_of_redirect_has_a_code_and_a_class():
+    kinds = _recorded_kinds()
+    assert {"device", "amp", "distributed", "probe", "dataloader", "env", "low_precision"} <= kinds, kinds
+    for kind in kinds:
+        code = codes.redirect_code(kind, "asked", "became")
+        assert code != codes.UNCLASSIFIED, kind
+        assert codes.redirect_class(code) in ("same", "changed", "dummy")
+    assert codes.redirect_class(codes.redirect_code("dataloader", "DataLoader(pin_memory=True)", "pin_memory=False")) \
+        == "dummy"
+    assert codes.redirect_class(codes.redirect_code("amp", "GradScaler('cuda')", "GradScaler('cpu')")) == "same"
+
+
+MIGRATION = r"""
+import json, torch, torch_adapter
+from torch.utils.data import DataLoader
+with torch_adapter.adapted("cpu") as s:
+    x = torch.ones(4).cuda()                                     # line 5
+    with torch.autocast("cuda", dtype=torch.bfloat16):           # line 6
+        y = x * 2
+    list(DataLoader([1, 2], pin_memory=True))                    # line 8
+    rows = s.redirect_log.to_json()["entries"]
+print("RESULT " + json.dumps([[r["line"], r["class"], r["code"], r["source"]] for r in rows]))
+"""
+
+
+def test_the_migration_log_gives_each_call_its_line_source_and_class(tmp_path):
+    script = tmp_path / "port.py"
+    script.write_text(MIGRATION)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "TORCH_ADAPTER_AUTOINSTALL"})
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert done.returncode == 0 and line, done.stderr[-3000:]
+    rows = {r[0]: r[1:] for r in json.loads(line[0][7:])}
+    assert rows[5] == ["changed", "TA-X001", "x = torch.ones(4).cuda()                                     # line 5"]
+    assert rows[6][:2] == ["same", "TA-X002"] and rows[6][2].startswith("with torch.autocast(")
+    assert rows[8][:2] == ["dummy", "TA-X008"]
+
+
+MAPPED_BACK = r"""
+import json, os, torch, torch_adapter, torch.distributed as dist
+from conftest_free_port import port
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+TORCH_SIDE = "def ask(group=None):\n    return dist.get_backend(group)\n"
+scope = {"__name__": "torch.distributed._adapter_probe", "dist": dist}
+exec(TORCH_SIDE, scope)
+out = {}
+with torch_adapter.adapted("cpu") as s:
+    dist.init_process_group("nccl")
+    out["program"], out["torch"] = dist.get_backend(), scope["ask"]()
+    mine = dist.new_group([0], backend="gloo")
+    out["asked_gloo"] = dist.get_backend(mine)
+    t = torch.ones(2).cuda()
+    dist.all_reduce(t)
+    out["reduced"] = t.tolist()
+    out["rows"] = sorted({(r["asked"], r["class"], r["code"]) for r in s.redirect_log.to_json()["entries"]
+                          if r["kind"] == "distributed"})
+    dist.destroy_process_group()
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_get_backend_answers_nccl_to_the_program_and_gloo_to_torch(tmp_path):
+    from conftest import free_port
+
+    (tmp_path / "conftest_free_port.py").write_text(f"port = {free_port()}\n")
+    script = tmp_path / "ddp.py"
+    script.write_text(MAPPED_BACK)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={k: v for k, v in os.environ.items() if k != "TORCH_ADAPTER_AUTOINSTALL"})
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert done.returncode == 0 and line, done.stderr[-3000:]
+    out = json.loads(line[0][7:])
+    assert (out["program"], out["torch"], out["asked_gloo"]) == ("nccl", "gloo", "gloo"), out
+    assert out["reduced"] == [1.0, 1.0]
+    rows = {tuple(r) for r in out["rows"]}
+    assert ("init_process_group(backend='nccl')", "changed", "TA-X012") in rows, rows
+    assert ("get_backend()", "changed", "TA-X012") in rows, rows

@@ -9,7 +9,9 @@ an example. Check findings keep their rule ids (``API010``, ``LIB011``: docs/che
 codes of static findings.
 
 Families: ``TA-N`` native, ``TA-C`` composite, ``TA-Y`` yours, ``TA-F`` CPU fallback, ``TA-P`` refused by
-the policy, ``TA-D`` dtype findings. :func:`route_code` gives a routed op's code from its route, the
+the policy, ``TA-D`` dtype findings, ``TA-X`` redirects (the migration log: each code's class says whether
+the rewritten call behaves the **same**, was **changed** to stay compatible, or is a **dummy** that does
+nothing on this target). :func:`route_code` gives a routed op's code from its route, the
 mechanism that ran it (``via``) and its reason; it is pure string logic, so every view — the log's rows,
 the JSON, the notebook, the terminal — computes the same code from the same row.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Code", "CODES", "route_code", "dtype_code", "page", "markdown", "UNCLASSIFIED"]
+__all__ = ["Code", "CODES", "route_code", "dtype_code", "redirect_code", "page", "markdown", "UNCLASSIFIED"]
 
 DOCS = "docs/reasons.md"
 
@@ -135,6 +137,61 @@ _TABLE = [
          "Use float32 where the program allows it (`.float()`, `torch.set_default_dtype(torch.float32)`), or keep "
          "that part on the CPU explicitly.",
          "aten::mm(float64) on mps"),
+    # -- redirects: the migration log's classes (same / changed / dummy), one code per kind of rewrite
+    Code("TA-X001", "changed", "a CUDA device request mapped to the target",
+         "`.cuda()`, `to('cuda')`, `device='cuda'`, `torch.device(0)`, a CUDA map_location or tensor type named "
+         "CUDA; the adapter gave the target's device instead.",
+         "The program was written for an NVIDIA GPU; the target is another device.", "Nothing: this is the redirect.",
+         "Tensor.cuda() -> cpu"),
+    Code("TA-X002", "same", "autocast / GradScaler on the target's device type",
+         "autocast('cuda', dtype) and GradScaler('cuda') became the target's, in the dtype the code asked for.",
+         "Mixed precision is the target's own; its behaviour is what the code was written for.", "Nothing.",
+         "autocast('cuda', float16) -> autocast('cpu', float16)"),
+    Code("TA-X003", "changed", "a dtype request changed for this target",
+         "autocast's or a factory's float16 became another dtype where this target computes float16 slowly "
+         "(docs/redirect.md, the dtype policy).",
+         "Emulated float16 on a CPU without fp16/bf16 units is slower than float32 and changes nothing numerically "
+         "the program needs.", "dtype_policy='float16' keeps float16.", "autocast('cuda', float16) -> float32 on AVX2"),
+    Code("TA-X004", "changed", "a CUDA-only library probe answered False",
+         "A library asked whether a CUDA-only package (flash-attn, xformers, bitsandbytes...) is usable; the adapter "
+         "answered False so the library takes its portable path (torch SDPA).",
+         "The package's kernels cannot run on the target.", "Nothing.", "diffusers.is_xformers_available() -> False"),
+    Code("TA-X005", "changed", "torch.cuda / torch.accelerator answered for the target",
+         "A query of the CUDA runtime (is_available, device_count, current_accelerator...) was answered for the "
+         "target, as CUDA-written code expects (the answer is mapped back to CUDA's terms).",
+         "The program branches on these answers to take its GPU path.", "Nothing.",
+         "torch.accelerator.current_accelerator() -> device('cuda')"),
+    Code("TA-X006", "changed", "a CUDA-only compile option turned off",
+         "torch.compile's CUDA graphs (mode='reduce-overhead'), or inductor's Triton cudagraphs option, were turned "
+         "off on a target without CUDA graphs.",
+         "The option has no meaning on the target; the compiled code runs without it.", "Nothing.",
+         "torch.compile(mode='reduce-overhead') -> mode='default'"),
+    Code("TA-X007", "changed", "CUDA graphs emulated",
+         "A CUDA graph capture records the ops and a replay re-runs them on the same static tensors.",
+         "Results match; the launch-overhead saving of a real graph is lost.", "Nothing; torch.compile where supported.",
+         "torch.cuda.graph(g) capture and g.replay()"),
+    Code("TA-X008", "dummy", "pinned memory: nothing to pin on this target",
+         "pin_memory=True, Tensor.pin_memory() or pin_memory_device do nothing where host memory is the device's.",
+         "Pinning speeds up host-to-GPU copies; a CPU target has none.", "Nothing.",
+         "DataLoader(pin_memory=True) -> pin_memory=False"),
+    Code("TA-X009", "changed", "the profiler's CUDA activity on the target",
+         "ProfilerActivity.CUDA or profile(use_cuda=True) became the target's activity (or the CPU's).",
+         "There is no CUDA activity to record on the target.", "Nothing.", "ProfilerActivity.CUDA -> CPU"),
+    Code("TA-X010", "changed", "an SDPA backend choice widened",
+         "sdpa_kernel([...]) naming CUDA-only backends (flash, memory-efficient) gets the math backend added so the "
+         "target has one it can run.",
+         "The CUDA-only kernels do not exist on the target.", "Nothing.", "sdpa_kernel([FLASH_ATTENTION]) + MATH"),
+    Code("TA-X011", "changed", "a CUDA environment variable translated",
+         "CUDA_VISIBLE_DEVICES and similar were given the target's own variable (or ignored where it has none).",
+         "The target reads its own variables.", "Nothing.", "CUDA_VISIBLE_DEVICES=0,1 -> ASCEND_RT_VISIBLE_DEVICES=0,1"),
+    Code("TA-X012", "changed", "a distributed call rewritten for the target's backend",
+         "init_process_group('nccl') got the target's collective backend (gloo, hccl), and NCCL-only arguments "
+         "(barrier(device_ids=...), DDP device_ids) were dropped or mapped.",
+         "NCCL runs only on NVIDIA GPUs.", "Nothing; nccl semantics are kept (docs/launchers.md).",
+         "init_process_group(backend='nccl') -> 'gloo'"),
+    Code("TA-X013", "dummy", "a CUDA setting with no equivalent on this target",
+         "An environment variable or option that only CUDA reads; it is ignored here.", "The target has nothing "
+         "to set.", "Nothing.", "CUDA_LAUNCH_BLOCKING=1 on the CPU"),
     Code(UNCLASSIFIED, "", "unclassified",
          "A reason the table does not name yet: a defect of torch_adapter (tests/test_reason_codes.py walks every "
          "reason so none should reach you).",
@@ -193,6 +250,29 @@ def route_code(route: str, via: str | None, reason: str = "") -> str:
     return UNCLASSIFIED
 
 
+def redirect_code(kind: str, asked: str, became: str) -> str:
+    """The code of a redirect log row (its class is the code's ``route``: same / changed / dummy)."""
+    if kind == "low_precision":
+        return "TA-C005"
+    if kind == "dataloader" or (kind == "device" and "pin_memory" in asked):
+        return "TA-X008"
+    if kind == "amp":
+        return "TA-X002"
+    if kind == "dtype":
+        return "TA-X003"
+    if kind == "env":
+        return "TA-X013" if became.startswith(("ignored", "no equivalent")) else "TA-X011"
+    return {"device": "TA-X001", "jit": "TA-X001", "probe": "TA-X004", "namespace": "TA-X005",
+            "compile": "TA-X006", "graph": "TA-X007", "profiler": "TA-X009", "sdpa": "TA-X010",
+            "distributed": "TA-X012"}.get(kind, UNCLASSIFIED)
+
+
+def redirect_class(code: str) -> str:
+    """``same`` | ``changed`` | ``dummy`` — what a redirect with ``code`` does to the call."""
+    route = CODES[code].route if code in CODES else ""
+    return route if route in ("same", "changed", "dummy") else "changed"
+
+
 def dtype_code(finding: object = None) -> str:
     """The code of a dtype finding (one kind today)."""
     return "TA-D001"
@@ -210,9 +290,11 @@ def markdown() -> str:
              "inspector, the per-cell report, `torch-adapter run --report` and every JSON row (`\"code\"`). A code "
              "never changes meaning. Policies take codes: `configure(deny=[\"TA-F001\"])` refuses every CPU "
              "fallback of that kind, `torch-adapter run --deny TA-F001` fails the run on one. Check findings keep "
-             "their rule ids (docs/check.md).", "",
+             "their rule ids (docs/check.md). Redirects (`TA-X…`) are the migration log's rows: the class says whether "
+             "the rewritten call behaves the **same**, was **changed** to stay compatible, or is a **dummy** that does "
+             "nothing on this target (docs/redirect.md).", "",
              "Generated from `adapter/torch_adapter/core/codes.py` (`python -m torch_adapter.core.codes`).", "",
-             "| code | route | reason |", "|---|---|---|"]
+             "| code | route or class | reason |", "|---|---|---|"]
     lines += [f"| [{c.code}](#{c.code.lower()}) | {c.route or '—'} | {c.title} |" for c in _TABLE]
     for c in _TABLE:
         lines += ["", f"## {c.code}", "", f"**{c.title}** ({c.route or 'none'})", "",

@@ -38,10 +38,10 @@ import torch
 
 from ..core.patching import STAND_IN
 
-__all__ = ["apply"]
+__all__ = ["apply", "torch_asks"]
 
 
-def _torch_asks() -> bool:
+def torch_asks() -> bool:
     """Whether ``torch.device(i)`` was called by torch's own code (not while dynamo traces or folds the
     program's call): the nearest frame past pass-through ones decides, as for ``torch.accelerator``."""
     import sys
@@ -50,7 +50,7 @@ def _torch_asks() -> bool:
 
     if torch.compiler.is_dynamo_compiling():
         return False
-    frame = sys._getframe(2)  # _torch_asks <- __call__ <- the caller
+    frame = sys._getframe(2)  # torch_asks <- the stand-in <- its caller
     while frame is not None:
         name = frame.f_globals.get("__name__") or ""
         if name not in PASS_THROUGH:
@@ -89,7 +89,7 @@ def apply(session: Any, mapper: Any) -> None:
 
         def __call__(cls, *args: Any, **kwargs: Any) -> Any:
             if len(args) == 1 and not kwargs and type(args[0]) is int:
-                if _torch_asks():
+                if torch_asks():
                     try:  # torch's own code: torch's answer, the machine's accelerator (npu:0 on an npu)
                         return CDevice(*args)
                     except RuntimeError:  # a torch without an accelerator: the ordinal is the program's cuda

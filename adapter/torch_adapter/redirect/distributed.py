@@ -69,6 +69,11 @@ class _Groups:
     def __init__(self) -> None:
         self.chosen: set[int] = set()
         self.asked_gloo: set[int] = set()
+        from torch.distributed import distributed_c10d
+
+        import inspect
+
+        self.real_backend = inspect.unwrap(distributed_c10d.get_backend)  # never the stand-in (mapped back)
 
     def ours(self, group: Any) -> bool:
         """Does ``group`` (None: the default group) run gloo in place of the program's nccl?"""
@@ -83,7 +88,7 @@ class _Groups:
         if world is None or id(world) not in self.chosen or id(pg) in self.asked_gloo:
             return False
         try:
-            return dist.get_backend(pg) == "gloo"
+            return self.real_backend(pg) == "gloo"
         except (RuntimeError, ValueError):  # not a group of this process
             return False
 
@@ -120,6 +125,7 @@ def _patch_groups(session: Any, c10d: Any) -> _Groups:
 
     target = session.target
     p, log, mapper = session.patcher, session.redirect_log, session.device_mapper
+    from .device_ordinal import torch_asks
 
     def collective() -> str:
         return session.config.communication_backend or target.dist_backend
@@ -152,6 +158,21 @@ def _patch_groups(session: Any, c10d: Any) -> _Groups:
         if _made_gloo(asked, backend):
             chosen.add(id(dist.group.WORLD))
         return out
+
+    orig_get_backend = c10d.get_backend
+
+    @functools.wraps(orig_get_backend)
+    def get_backend(group: Any = None) -> Any:
+        # mapped back: the program asked for nccl and branches on it ("if get_backend() == 'nccl'");
+        # torch's own code (c10d, DDP, FSDP) decides from what really runs, so it gets "gloo"
+        answer = orig_get_backend(group)
+        if answer == "gloo" and groups.ours(group) and not torch_asks():
+            log.record("distributed", "get_backend()", "'nccl' (what the program asked for; gloo runs it)", depth=3)
+            return "nccl"
+        return answer
+
+    for owner, name, _ in bindings(orig_get_backend, within="torch.distributed"):
+        p.set(owner, name, get_backend)
 
     orig_new_group = c10d.new_group
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.callsite import site_frames
+from ..core.codes import redirect_class, redirect_code
 
 from torch.compiler import is_compiling as _compiling  # dynamo folds it to a constant while tracing
 
@@ -39,12 +40,23 @@ class RedirectEntry:
         return f"{self.file}:{self.line}"
 
     @property
+    def code(self) -> str:
+        """The rewrite's stable code (``TA-X001``: core/codes.py, docs/reasons.md)."""
+        return redirect_code(self.kind, self.asked, self.became)
+
+    @property
+    def cls(self) -> str:
+        """``same`` | ``changed`` | ``dummy``: what the rewrite does to the call (the code's class)."""
+        return redirect_class(self.code)
+
+    @property
     def library_site(self) -> str | None:
         return f"{self.library['file']}:{self.library['line']}" if self.library else None
 
     def as_dict(self) -> dict[str, Any]:
         return {"file": self.file, "line": self.line, "function": self.function, "kind": self.kind,
-                "asked": self.asked, "became": self.became, "count": self.count, "library": self.library}
+                "asked": self.asked, "became": self.became, "count": self.count, "library": self.library,
+                "code": self.code, "class": self.cls, "source": source_line(self.file, self.line)}
 
 
 class RedirectLog:
@@ -112,7 +124,7 @@ class RedirectLog:
         from rich.table import Table
 
         table = Table(title=title, show_lines=False)
-        for col in ("site", "asked", "became", "count"):
+        for col in ("site", "asked", "became", "class", "code", "count"):
             table.add_column(col, overflow="fold", justify="right" if col == "count" else "left")
         from ..core.callsite import cell_of
 
@@ -122,11 +134,22 @@ class RedirectLog:
                     else _short(e.site) if e.file != "<install>" else "(install)")
             if e.library_site:
                 site += f" (via {_short_library(e.library['file'])}:{e.library['line']})"
-            table.add_row(site, e.asked, e.became, str(e.count))
+            table.add_row(site, e.asked, e.became, e.cls, e.code, str(e.count))
         return table
 
     def __rich__(self) -> Any:
         return self.render()
+
+
+def source_line(file: str, line: int) -> str | None:
+    """The user's source line of a row (stripped), read when the log is written, never while recording;
+    a notebook cell's from IPython's cache of its source."""
+    if not file or file.startswith("<install>") or line <= 0:
+        return None
+    import linecache
+
+    text = linecache.getline(file, line)
+    return text.strip() or None
 
 
 def _short(path: str) -> str:
