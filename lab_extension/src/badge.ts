@@ -4,7 +4,7 @@
 
 import { Widget } from '@lumino/widgets';
 
-import { badgeLevel, badgeText, dtypeText, fallbackLine, formatExact, targetLabel, tooltipText } from './format';
+import { badgeLevel, badgeText, codedReason, dtypeText, fallbackLine, formatExact, targetLabel, tooltipText } from './format';
 import { IRoutingPayload, ROUTES } from './schema';
 
 export const BADGE_CLASS = 'jp-TorchAdapter-badge';
@@ -94,7 +94,10 @@ export function renderFallbacks(payload: IRoutingPayload, topFallbacks: number):
     if (fb.reason) {
       const why = document.createElement('span');
       why.className = 'jp-TorchAdapter-fallbackReason';
-      why.textContent = ` — ${fb.reason}`;
+      why.textContent = ` — ${codedReason(fb)}`;
+      if (fb.code) {
+        item.dataset.code = fb.code;
+      }
       item.append(why);
       item.title = 'Click to show the whole reason';
       item.addEventListener('click', event => {

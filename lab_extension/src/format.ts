@@ -123,6 +123,11 @@ export function targetLabel(
   return payload.emulated ? `${payload.target} (emulated)` : payload.target;
 }
 
+/** A reason led by its stable code: "TA-F001 no MPS kernel and no decomposition; …" (docs/reasons.md). */
+export function codedReason(fb: { reason: string; code?: string }): string {
+  return fb.code ? `${fb.code} ${fb.reason}` : fb.reason;
+}
+
 /** One line per fallback op shown under a badge: op, calls, site (reason apart). */
 export function fallbackLine(fb: { op: string; calls: number; site: string | null }): string {
   return `${fb.op} ×${formatExact(fb.calls)}${fb.site ? ` at ${fb.site}` : ''}`;
@@ -136,7 +141,7 @@ function listOps(lines: string[], title: string, ops: IFallbackOp[], top: number
   lines.push(title);
   for (const fb of shownOps) {
     const where = fb.site ? ` at ${fb.site}` : '';
-    const why = fb.reason ? ` — ${fb.reason}` : '';
+    const why = fb.reason ? ` — ${codedReason(fb)}` : '';
     lines.push(`  ${fb.op} ×${formatExact(fb.calls)}${where}${why}`);
   }
   if (ops.length > shownOps.length) {

@@ -52,6 +52,8 @@ export interface IFallbackOp {
   op: string;
   calls: number;
   reason: string;
+  /** The reason's stable code ("TA-F001": docs/reasons.md); '' or absent from a kernel that sends none. */
+  code?: string;
   site: string | null;
 }
 
@@ -162,7 +164,8 @@ function readFallbacks(value: unknown): IFallbackOp[] {
     op: String(item.op ?? '?'),
     calls: isCount(item.calls) ? item.calls : 0,
     reason: typeof item.reason === 'string' ? item.reason : '',
-    site: typeof item.site === 'string' ? item.site : null
+    site: typeof item.site === 'string' ? item.site : null,
+    ...(typeof item.code === 'string' && item.code ? { code: item.code } : {})
   }));
 }
 

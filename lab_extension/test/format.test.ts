@@ -103,6 +103,11 @@ describe('tooltip', () => {
     );
   });
 
+  it('leads each reason with its stable code when the kernel sends one (issue 36)', () => {
+    const top_fallbacks = [{ op: 'aten::nonzero', calls: 3, reason: 'no MPS kernel and no decomposition', code: 'TA-F001', site: 'train.py:12' }];
+    assert.match(tooltipText(payload({ top_fallbacks })), /aten::nonzero ×3 at train\.py:12 — TA-F001 no MPS kernel and no decomposition/);
+  });
+
   it('never shows traced op time above the cell time without saying why (issue 34)', () => {
     const text = tooltipText(payload({ wall_ms: 10, op_time_ms: 14 }));
     assert.match(text, /cell 10\.0 ms · traced ops 14\.0 ms \(summed over threads: more than the cell's time\)/);
