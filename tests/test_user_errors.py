@@ -220,7 +220,7 @@ def test_hidden_frames_rule(monkeypatch):
 
 
 def test_did_you_mean_for_options_targets_and_ops():
-    with pytest.raises(UsageError, match=r"got 'fallbak' \(did you mean 'fallback'\?\)"):
+    with pytest.raises(UsageError, match=r"got 'fallbak' \(did you mean 'fallback'"):
         torch_adapter.install(fallbak="warn")
     with pytest.raises(TargetError, match=r"got 'mpss' \(did you mean 'mps'\?\)"):
         torch_adapter.install(target="mpss")

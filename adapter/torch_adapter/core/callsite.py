@@ -5,9 +5,11 @@ synthetic ``<frozen ...>``/``<string>`` code. Notebook cells are user code: thei
 filenames are ``<ipython-input-N-...>`` (terminal IPython) or a file under the kernel's
 temp folder (ipykernel), and both are kept. A site (:func:`user_site`) is the user's own
 line — the script or cell, not an installed package — with the installed library's line it
-went through beside it (``"library"``), and is shown as ``cell [N], line L`` or a file
-relative to site-packages (:func:`site_text`). Only called when something is recorded for
-the first time at a site, never per op; each file is classified once.
+went through beside it (``"library"``), and is shown as ``cell [N], line L``, an installed
+package's file relative to site-packages, or a file under the working directory relative to it
+(:func:`site_text`; a site keeps the file as Python names it, and :func:`relative_sites` gives a
+report's JSON the same relative names). Only called when something is recorded for the first time
+at a site, never per op; each file is classified once.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sysconfig
 from typing import Any
 
 __all__ = ["user_frame", "user_site", "site_frames", "cell_of", "site_text", "short_path", "library_text", "user_call", "front",
-           "running_as"]
+           "running_as", "relative_sites"]
 
 _SKIP: tuple[str, ...] | None = None
 
@@ -205,18 +207,58 @@ def cell_of(filename: str) -> int | None:
 
 def short_path(path: str, short: bool = False) -> str:
     """A file as a reader wants it: an installed package's file relative to its site-packages
-    (``transformers/models/clip/modeling_clip.py``); else the path (``short``: its base name)."""
+    (``transformers/models/clip/modeling_clip.py``); a file under the working directory relative
+    to it (``models.py``, ``src/train.py``: see :func:`_under_cwd`); else the path. ``short``: a
+    file that is not a package's by its base name."""
     full = os.path.abspath(path) if not path.startswith("<") else path
     for root in _library_dirs():
         if full.startswith(root):
             return full[len(root):]
-    return os.path.basename(path) if short else path
+    return os.path.basename(path) if short else (_under_cwd(path) or path)
+
+
+def _under_cwd(path: str) -> str | None:
+    """The absolute ``path`` relative to the working directory, when it names a file under it
+    (symbolic links resolved when the plain paths do not say); None otherwise, and when the working
+    directory is a file system's root (every path is under it: nothing is gained). A relative path
+    is left as Python names it (the script run as ``train.py``)."""
+    if not os.path.isabs(path):
+        return None
+    try:
+        cwd = os.getcwd()
+    except OSError:  # the working directory was removed
+        return None
+    if os.path.dirname(cwd) == cwd:
+        return None
+    full = os.path.abspath(path)
+    if not full.startswith(cwd + os.sep):
+        cwd, full = os.path.realpath(cwd), os.path.realpath(path)
+        if not full.startswith(cwd + os.sep):
+            return None
+    return full[len(cwd) + 1:]
+
+
+def relative_sites(data: Any) -> Any:
+    """``data`` — a report's JSON document (``torch-adapter run --report-json``: the routing log, its
+    redirects, its child processes') — with the file of every site in it (a dict with ``"file"`` and
+    ``"line"``, the library line's too) that lies under the working directory named relative to it,
+    as the script's own file already is (``train.py`` beside ``models.py``, not
+    ``/tmp/.../models.py``); other files keep their full path. A new document; ``data`` is unchanged."""
+    if isinstance(data, dict):
+        out = {k: relative_sites(v) for k, v in data.items()}
+        if isinstance(out.get("file"), str) and "line" in out:
+            out["file"] = _under_cwd(out["file"]) or out["file"]
+        return out
+    if isinstance(data, list):
+        return [relative_sites(v) for v in data]
+    return data
 
 
 def site_text(site: dict[str, Any] | None, short: bool = False, library: bool = True) -> str:
     """How a site is shown: ``"cell [11], line 6"`` for a notebook cell, else ``"file:line"``
-    (an installed package's file relative to site-packages; ``short``: other files by base
-    name); the library line the call went through follows the user's:
+    (an installed package's file relative to site-packages, a file under the working directory
+    relative to it; ``short``: other files by base name); the library line the call went through
+    follows the user's:
     ``"cell [11], line 6 via transformers/models/clip/modeling_clip.py:568"`` (``library=False``:
     the user's line alone; :func:`library_text` is the rest)."""
     if not site:

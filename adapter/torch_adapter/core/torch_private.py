@@ -840,3 +840,58 @@ def has_computed_kernel_for_key(name: str, key: str) -> bool:
         return bool(torch._C._dispatch_has_computed_kernel_for_dispatch_key(name, key))
     except RuntimeError:
         return False
+
+
+# --- what torch._dynamo compiled (torch_adapter.routing.compiled) ----------------------------
+# Read only, and only once torch._dynamo is imported (importing it takes seconds: never done for
+# this). Checked on torch 2.13: ``torch._dynamo.utils.counters`` (a defaultdict of Counters since
+# 1.13: "frames" total/ok, "stats" unique_graphs, "graph_break" reason -> count),
+# ``torch._dynamo.utils.get_compilation_metrics()`` (the last 64 CompilationMetrics dataclasses,
+# 2.1+; ``restart_reasons`` and ``recompile_reason`` 2.5+ — a missing field reads as None) and
+# ``torch._dynamo.callback.callback_handler`` (register/remove start and end callbacks, 2.5+;
+# ``torch._dynamo.reset()`` clears it). A torch without one of them: the readers return None.
+__all__ += ["dynamo_counters", "dynamo_compile_records", "dynamo_compile_callbacks"]
+
+_COUNTER_GROUPS = ("frames", "stats", "graph_break")
+
+
+def dynamo_counters() -> dict[str, dict[str, int]] | None:
+    """A copy of dynamo's counters of frames, graphs and graph breaks (``{"frames": {"total", "ok"},
+    "stats": {"unique_graphs", ...}, "graph_break": {reason: n}}``), or None when torch._dynamo is not
+    imported. Read with ``get``: no group is created in the program's counters."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if counters is None:
+        return None
+    return {group: dict(counters.get(group) or {}) for group in _COUNTER_GROUPS}
+
+
+def dynamo_compile_records() -> tuple[list[Any], int] | None:
+    """dynamo's records of its last compiles (CompilationMetrics objects, oldest first; the same
+    objects from one call to the next) and how many it keeps, or None when torch._dynamo is not
+    imported or has none."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    get = getattr(utils, "get_compilation_metrics", None)
+    if get is None:
+        return None
+    kept = getattr(getattr(utils, "_compilation_metrics", None), "maxlen", None)
+    return list(get()), int(kept or getattr(utils, "DEFAULT_COMPILATION_METRICS_LIMIT", 64))
+
+
+def dynamo_compile_callbacks() -> Any:
+    """dynamo's compile start/end callback handler (``register_start_callback`` & co.), or None when
+    torch._dynamo is not imported or has none. Its start callbacks run when the first of the
+    compiles in flight starts, its end callbacks when the last one ends, on that compile's thread
+    (dynamo compiles frames one at a time, under its compile lock)."""
+    import sys
+
+    module = sys.modules.get("torch._dynamo.callback")
+    handler = getattr(module, "callback_handler", None)
+    needed = ("register_start_callback", "register_end_callback", "remove_start_callback", "remove_end_callback")
+    if handler is None or not all(hasattr(handler, n) for n in needed):
+        return None
+    return handler

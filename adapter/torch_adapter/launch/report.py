@@ -32,7 +32,7 @@ def _render_summary(records: list[dict[str, Any]], reported: list[dict[str, Any]
     from ..routing.log import RoutingLog, target_label
     from .summary import summary_lines
 
-    if session is not None and (log is not None and len(log) or not reported):
+    if session is not None and (log is not None and (len(log) or log.compiled()) or not reported):
         t = session.target
         who = _child_report.this_process()
         lines = summary_lines(log, [e.as_dict() for e in session.redirect_log.entries()],
@@ -61,6 +61,7 @@ def _render_summary(records: list[dict[str, Any]], reported: list[dict[str, Any]
 
 def _write_json(records: list[dict[str, Any]], reported: list[dict[str, Any]], json_path: str,
                 session: Any, log: Any) -> None:
+    from ..core.callsite import relative_sites
     from ..core.safe_io import OutputError, write_text
 
     if session is None:
@@ -71,7 +72,7 @@ def _write_json(records: list[dict[str, Any]], reported: list[dict[str, Any]], j
         if reported:
             payload = _child_report.merged_payload(records, payload)
     try:
-        write_text(json_path, json.dumps(payload, indent=1), call="torch-adapter run --report-json")
+        write_text(json_path, json.dumps(relative_sites(payload), indent=1), call="torch-adapter run --report-json")
     except OutputError as exc:  # the path changed while the script ran: say so, keep its exit code
         print(exc, file=sys.stderr)
 
@@ -91,4 +92,9 @@ def _render(records: list[dict[str, Any]], reported: list[dict[str, Any]], sessi
         elif reported:
             console.print(f"torch_adapter: this process ran no ops itself; {len(reported)} adapted child "
                           f"process(es) did:")
+        if log is not None:
+            from .summary import _compiled_lines
+
+            for line in _compiled_lines(log):  # what torch.compile compiled (routing/compiled.py)
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
     _child_report.render(records, console)

@@ -1,6 +1,7 @@
 """The terminal report of ``torch-adapter run --report``: what a user reads at the end of a run, in at
 most :data:`MAX_LINES` lines of :data:`WIDTH` columns — the routing totals, the CPU fallbacks and
-refusals with their sites, the decomposed ops, what was redirected (grouped), and what to do next.
+refusals with their sites, the decomposed ops, what torch.compile compiled (graphs, graph breaks
+with their lines, recompiles: routing/compiled.py), what was redirected (grouped), and what to do next.
 ``--report full`` prints the whole tables instead (launch/report.py); ``--report-json`` keeps the data.
 
 Pure functions of a routing log and the redirect entries (dicts, as ``RedirectEntry.as_dict`` and the
@@ -77,6 +78,8 @@ def summary_lines(log: Any, redirects: list[dict[str, Any]], *, target: str, wid
                 add(_cut(f"  {f.op} ({f.dtype}) ×{f.calls} at {_site(f.site)}: {f.message}", width))
     elif log is not None:
         add(f"torch_adapter on {target}: no op ran under observation")
+    for line in _compiled_lines(log, width):
+        add(_cut(line, width))
     if redirects:
         by_kind: dict[str, int] = {}
         for e in redirects:
@@ -99,6 +102,13 @@ def summary_lines(log: Any, redirects: list[dict[str, Any]], *, target: str, wid
     if len(lines) > MAX_LINES:  # never longer than a screen: the rest is behind --report full
         lines = lines[:MAX_LINES - 1] + [f"… ({full_hint} has the rest)"]
     return lines
+
+
+def _compiled_lines(log: Any, width: int | None = None) -> list[str]:
+    """What torch.compile compiled in the run (routing/compiled.py): nothing when nothing did."""
+    from ..routing.compiled import report_lines
+
+    return report_lines(log.compiled() if log is not None and hasattr(log, "compiled") else None, width)
 
 
 def _next_steps(log: Any, full_hint: str) -> list[str]:

@@ -31,12 +31,21 @@ torch's check knows the keys of CPU, CUDA and XPU only ("NYI devices other than 
 torch_npu's users meet it too). While installed on a PrivateUse1 target (the NPU), inputs on that
 device are checked at its own key, ``AutogradPrivateUse1``, by the same rules
 (:func:`_autograd_registration_check`); every other input goes to torch's check.
+
+**Routed like aten ops.** The program's own custom ops (routing/program_ops.py: defined by the
+program or a library it uses, not by torch) are routed by the session's engine as aten ops are: a
+custom op the target lacks really runs its CPU fallback — copies counted, the policy enforced
+(``fallback="error"`` refuses it), the user's call site recorded. The patched ``Library.impl`` tells
+the engine of each registration of the program's (``Engine.registered``), so an op defined, or given a
+kernel, during the session is routed from then on; ops the session serves a CUDA kernel for (or
+explains) keep that kernel.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+import warnings
 from typing import Any
 
 import torch
@@ -138,12 +147,13 @@ def _forget_routes() -> None:
         choose.clear_caches()
 
 
-def _patched_impl(kernels: CudaKernels, original: Any) -> Any:
+def _patched_impl(kernels: CudaKernels, original: Any, session: Any) -> Any:
     @functools.wraps(original)
     def impl(self: Any, op_name: Any, fn: Any, dispatch_key: str = "", *args: Any, **kwargs: Any) -> Any:
         name = _qualname(self, op_name)
         key = dispatch_key or getattr(self, "dispatch_key", "") or "CompositeImplicitAutograd"
-        if key == kernels.key and not str(getattr(fn, "__module__", "")).startswith("torch_adapter"):
+        ours = str(getattr(fn, "__module__", "")).startswith("torch_adapter")
+        if key == kernels.key and not ours:
             kernels.drop(name)  # the program's own kernel for the target replaces the session's
         result = original(self, op_name, fn, dispatch_key, *args, **kwargs)
         if key == "CUDA" or key in kernels.foreign:
@@ -151,6 +161,14 @@ def _patched_impl(kernels: CudaKernels, original: Any) -> Any:
                 kernels.consider(name)
             except Exception:  # noqa: BLE001 - never break the program's registration
                 pass
+        engine = getattr(session, "routing", None)
+        if not ours and engine is not None:  # the program's op may route otherwise now (routing/program_ops.py)
+            try:
+                engine.registered(name, key)
+            except Exception as exc:  # noqa: BLE001 - never break the program's registration: say so
+                warnings.warn(f"torch_adapter: {name} is not routed on {session.target.label} after its {key} "
+                              f"kernel was registered ({type(exc).__name__}: {exc}); it runs unrouted",
+                              RuntimeWarning, stacklevel=2)
         return result
 
     return impl
@@ -165,7 +183,7 @@ def apply(session: Any) -> None:
         if name.partition("::")[0] not in _SKIP_NAMESPACES:
             kernels.consider(name)
     original = vars(torch.library.Library)["impl"]
-    session.patcher.set(torch.library.Library, "impl", _patched_impl(kernels, original))
+    session.patcher.set(torch.library.Library, "impl", _patched_impl(kernels, original, session))
     session.patcher.before_restore(lambda values: kernels.close())
     session.custom_op_kernels = kernels
     if session.target.device_type == torch._C._get_privateuse1_backend_name():

@@ -125,8 +125,6 @@ def _patch_groups(session: Any, c10d: Any) -> _Groups:
 
     target = session.target
     p, log, mapper = session.patcher, session.redirect_log, session.device_mapper
-    from .device_ordinal import torch_asks
-
     def collective() -> str:
         return session.config.communication_backend or target.dist_backend
 
@@ -158,21 +156,6 @@ def _patch_groups(session: Any, c10d: Any) -> _Groups:
         if _made_gloo(asked, backend):
             chosen.add(id(dist.group.WORLD))
         return out
-
-    orig_get_backend = c10d.get_backend
-
-    @functools.wraps(orig_get_backend)
-    def get_backend(group: Any = None) -> Any:
-        # mapped back: the program asked for nccl and branches on it ("if get_backend() == 'nccl'");
-        # torch's own code (c10d, DDP, FSDP) decides from what really runs, so it gets "gloo"
-        answer = orig_get_backend(group)
-        if answer == "gloo" and groups.ours(group) and not torch_asks():
-            log.record("distributed", "get_backend()", "'nccl' (what the program asked for; gloo runs it)", depth=3)
-            return "nccl"
-        return answer
-
-    for owner, name, _ in bindings(orig_get_backend, within="torch.distributed"):
-        p.set(owner, name, get_backend)
 
     orig_new_group = c10d.new_group
 

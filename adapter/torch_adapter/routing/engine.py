@@ -103,6 +103,37 @@ class Engine:
         with self._lock:
             self._install()
 
+    def registered(self, name: str, key: str) -> None:
+        """The program registered a kernel for op ``name`` at ``key`` (redirect/custom_ops.py's
+        ``Library.impl``; a custom_op's definition registers its first). For one of the program's
+        custom ops (routing/program_ops.py) the route may differ now: it is decided again, and the op
+        is overridden from now on when its route needs it (the other overrides stay as they are). A
+        kernel at this engine's own key went on top of the op's override: the override goes on top of
+        it again, that kernel its new original."""
+        from .choose import clear_caches
+        from .decide import decide
+        from .program_ops import ROUTE_NEUTRAL_KEYS, program_op
+
+        if key.startswith(ROUTE_NEUTRAL_KEYS) or not program_op(name):
+            return
+        snap = self._registry()
+        fresh = decide.__wrapped__(name, self.profile, snap, self.policy)  # the kernels changed: not the cache's
+        if fresh.via == "torch._decomp" or fresh != decide_name(name, self.profile, snap, self.policy) \
+                or decide.__wrapped__(name, self.profile) != decide_name(name, self.profile):
+            clear_caches()  # a decision cached before this kernel (explain()'s too)
+        with self._lock:
+            needed, overridden = self._needs_override(fresh), name in self.overrides
+            if needed and self._libs and (not overridden or key == self.key):
+                # one kernel more, on top of the op's kernels now (the program's new one included); the
+                # other overrides stay (deciding every op again costs ~20 ms a registration)
+                self._originals.pop(name, None)
+                self._register_overrides({name: (fresh, tp.resolve_op(name))})
+            elif needed != overridden:
+                self._install()  # an override no longer needed: every op's, again
+                return
+            if needed:
+                self.overrides = {**self.overrides, name: fresh}
+
     def _dtype_note(self) -> str | None:
         """None on a real target (its backend judges); "" when the simulated profile has dtype
         data; otherwise why the preview cannot judge dtypes."""
@@ -133,7 +164,14 @@ class Engine:
         return decide_name(name, self.profile, self._registry(), self.policy)
 
     def _candidates(self) -> set[str]:
-        names = set(ops_table.load_table()) | set(self.policy.force_cpu) | set(self.policy.deny)
+        from .program_ops import program_ops
+
+        # the aten ops, the program's custom ops (routed alike: their fallbacks copy, obey the policy and
+        # record the user's line), less those the session serves a CUDA kernel for, and what the policy
+        # or the registry names
+        served = getattr(getattr(self.session, "custom_op_kernels", None), "libs", ())
+        names = set(ops_table.load_table()) | program_ops(served) | set(self.policy.force_cpu) \
+            | set(self.policy.deny)
         snap = self._registry()
         if snap is not None:
             names |= {op for op, _ in snap.accelerated} | set(snap.fallback)

@@ -23,6 +23,9 @@ still read)::
                 "findings": [{"op": "aten::empty.memory_format", "dtype": "float64", "calls": 1,
                               "error": "TypeError", "message": "...", "source": "...", "site": {...}}]}}
 
+``"compiled"`` (only when ``torch.compile`` compiled in the scope): what compiled — graphs, frames,
+graph breaks with reason and site, recompiles, compiled functions (:mod:`.compiled`, :meth:`RoutingLog.compiled`).
+
 Dtype findings are their own kind, never a route: a call the real target would refuse for its
 dtype (``routing/dtype_check.py``), recorded under ``configure(dtype_check="record")``.
 """
@@ -126,6 +129,8 @@ class RoutingLog:
         self.meta: dict[str, Any] = {}
         self.dtype_findings: dict[tuple[Any, ...], DtypeFinding] = {}
         self.dtype_note: str | None = None  # None: not judged (real target); "": judged; else why not
+        # what torch.compile compiled in the scope (routing/compiled.py), None when nothing did
+        self.compile_facts: dict[str, Any] | None = None
         self._lock = threading.Lock()
 
     # -- filling -------------------------------------------------------------------------
@@ -182,6 +187,10 @@ class RoutingLog:
     def merge(self, other: "RoutingLog") -> "RoutingLog":
         """Add every entry of ``other`` to this log (sites: the first one seen wins). Returns self."""
         self.merge_dtypes(other)
+        if getattr(other, "compile_facts", None) is not None:
+            from .compiled import merge as merge_compiled
+
+            self.compile_facts = merge_compiled(self.compile_facts, other.compile_facts)
         for rec in list(other.entries.values()):
             self.add(rec.op, rec.route, calls=rec.calls, self_time_ns=rec.self_time_ns,
                      bytes_to_cpu=rec.bytes_to_cpu, bytes_from_cpu=rec.bytes_from_cpu, reason=rec.reason,
@@ -196,6 +205,12 @@ class RoutingLog:
     # -- reading ---------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.entries)
+
+    def compiled(self) -> dict[str, Any] | None:
+        """What ``torch.compile`` compiled in the scope — graphs, frames, graph breaks (reason, site),
+        recompiles, the compiled functions and their sites (routing/compiled.py) — or None when
+        nothing compiled. Ops inside compiled code are not in the op counts."""
+        return self.compile_facts
 
     def summary(self) -> dict[str, int]:
         """Op call counts per route: ``{"native": n, "composite": n, "yours": n, "fallback": n, "refused": n}``."""
@@ -264,6 +279,8 @@ class RoutingLog:
         if self.dtype_note is not None or self.dtype_findings:
             out["dtypes"] = {"judged": not self.dtype_note, "note": self.dtype_note or "",
                              "findings": self.dtype_table()}
+        if self.compile_facts is not None:
+            out["compiled"] = self.compile_facts
         return out
 
     def to_json(self, indent: int | None = None) -> str:
@@ -281,6 +298,8 @@ class RoutingLog:
                 fix="pass the output of RoutingLog.to_dict()/to_json()"))
         log = cls(data.get("target", ""), bool(data.get("simulated", False)), bool(data.get("emulated", False)))
         log.meta = dict(data.get("meta") or {})
+        if isinstance(data.get("compiled"), dict):
+            log.compile_facts = dict(data["compiled"])
         dtypes = data.get("dtypes")
         if dtypes:
             log.dtype_note = dtypes.get("note", "")

@@ -194,8 +194,7 @@ class FallbackCounter:
                 ways = f"remove {named!r} from deny (`torch_adapter.configure(deny=[...])`) to let {call} run it on the CPU"
             else:
                 ways = (f"to let {call} run {op} on the CPU, {setting('fallback', 'warn', where)} (it warns at the "
-                        f"1st, 2nd, 4th ... call; `allow`: silently), or allow it alone: configure(allow=[{op!r}]) "
-                        f"or its code, allow=[{decision.code!r}]")
+                        f"1st, 2nd, 4th ... call; `allow`: silently)")
             ways += f"; to keep it on the target, give it an implementation: @torch_adapter.register_fallback({op!r})"
             raise FallbackError(format_error(
                 f"{op} on {self.target}{_called_from(site)}", "an op the target runs natively or by decomposition",

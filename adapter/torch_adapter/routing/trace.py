@@ -14,6 +14,11 @@ Where the data comes from:
   every op below autograd with the same decisions, with call sites for every op.
 
 Nested ``trace()`` blocks each get their own log (recorders are shared between them).
+
+What ``torch.compile`` compiled in the block — graphs, graph breaks with their lines, recompiles,
+the compiled functions — is ``log.compiled()`` (from dynamo's own counters and records, read as the
+block opens and closes: :mod:`.compiled`); ops inside compiled code are not counted per op, and the
+ops dynamo runs while compiling (on fake tensors) are not counted at all.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any, Callable, Iterator
 
 from ..core.torch_private import dispatch_mode_base
 from .choose import decide_name
+from .compiled import close_span as close_compile_span, open_span as open_compile_span
 from .dispatch_state import state
 from .names import is_known_op
 from .internal import active as internal_active
@@ -239,6 +245,7 @@ def trace(*, use_observer: bool | None = None, threads: bool | None = None) -> I
     ...     model(x).sum().backward()
     >>> log.summary()            # {"native": ..., "composite": ..., "fallback": ...}
     >>> print(log.render())      # the table; log.to_json() for the versioned JSON
+    >>> log.compiled()           # what torch.compile compiled in the block, or None
 
     ``use_observer``: None uses the observer when it is available, False forces the
     recorder mode (slower; call sites for every op, not only for the engine's).
@@ -268,6 +275,7 @@ def trace(*, use_observer: bool | None = None, threads: bool | None = None) -> I
     metered = meter() if meter is not None else None
     _ACTIVE.append(log)
     _announce()
+    compiles = open_compile_span()  # what torch.compile compiles in the block (routing/compiled.py)
     try:
         obs = _start_observer() if use_observer is not False else None
         if obs is not None:
@@ -290,6 +298,7 @@ def trace(*, use_observer: bool | None = None, threads: bool | None = None) -> I
                                                         if threads is not False else contextlib.nullcontext()):
                 yield log
     finally:
+        log.compile_facts = close_compile_span(compiles)
         _ACTIVE[:] = [x for x in _ACTIVE if x is not log]
         _announce()
         if meter is not None and metered is not None:
