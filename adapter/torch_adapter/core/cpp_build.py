@@ -38,7 +38,7 @@ from pathlib import Path
 from .torch_private import PACKAGED_ENV, packaged_dir
 
 __all__ = ["Part", "PACKAGED_ENV", "packaged_dir", "build_in_background", "build_into", "background_builds",
-           "say_once"]
+           "say_once", "stand_in_for"]
 
 STALE_S = 20 * 60  # a build marker older than this belongs to a build that died
 _LOCK = threading.Lock()
@@ -118,6 +118,16 @@ def build_in_background(part: Part) -> str:
     with _LOCK:
         _SPAWNED[name] = child
     return "started"
+
+
+def stand_in_for(part: Part, serving: str) -> str:
+    """Start ``part``'s background build and, while it runs, say once what serves instead (``serving``)
+    and what that costs (``part.fallback``); returns what :func:`build_in_background` said."""
+    state = build_in_background(part)
+    if state in ("started", "building"):
+        say_once(part.key, f"torch_adapter: {part.what} is being built in the background for the next session; "
+                           f"until then {serving} — {part.fallback}. `torch-adapter build` builds every C++ part now.")
+    return state
 
 
 def background_builds() -> dict[str, subprocess.Popen]:

@@ -55,14 +55,10 @@ def load(*, strict: bool = False) -> Any:
         if _EXT is not None:
             return _EXT
         if not strict:
-            from ..core.cpp_build import build_in_background, say_once
+            from ..core.cpp_build import stand_in_for
 
-            state = build_in_background(PART)
-            if state in ("started", "building"):
-                say_once("dtype-guard", "torch_adapter: the C++ dtype guard is being built in the background for the "
-                         f"next session; until then Python kernels check dtypes — {PART.fallback}. "
-                         "`torch-adapter build` builds every C++ part now.")
-            else:
+            state = stand_in_for(PART, "Python kernels check dtypes")
+            if state not in ("started", "building"):
                 _ERROR = state
             return None
         try:

@@ -90,14 +90,9 @@ def ensure_built() -> str:
     returns what happened, for the session's log: "built", "building", "started", "off" or why not."""
     if os.environ.get(ENV) == "python":
         return "off"
-    from ..core.cpp_build import build_in_background, say_once
+    from ..core.cpp_build import stand_in_for
 
-    state = build_in_background(PART)
-    if state in ("started", "building"):
-        say_once("half-gate", "torch_adapter: the C++ float16 gate is being built in the background for the next "
-                 f"session; until then Python kernels rewrite float16 — {PART.fallback}. `torch-adapter build` "
-                 "builds every C++ part now.")
-    return state
+    return stand_in_for(PART, "Python kernels rewrite float16")
 
 
 def spawned() -> subprocess.Popen | None:
