@@ -356,11 +356,14 @@ def test_the_trace_is_a_table_with_cell_relative_sites(ran, page):
     shot(page, "lab-trace.png")
 
 
+# The inspector's two outputs: its chart (plotly's div keeps the traces: one per route, a bar per cell)
+# and its live controls (the widget: totals, the table).
 INSPECTOR_JS = f"""() => {{
     const node = window.jupyterapp.shell.currentWidget.content.widgets[{INSPECTOR}].node;
     const root = node.querySelector('.torch-adapter-inspector');
-    if (!root) return null;
-    const bars = [...root.querySelectorAll('rect.torch-adapter-bar')].map(r => ({{cell: r.dataset.cell, route: r.dataset.route, value: Number(r.dataset.value)}}));
+    const plot = node.querySelector('.jp-OutputArea .js-plotly-plot');
+    if (!root || !plot || !plot.data) return null;
+    const bars = plot.data.flatMap(t => t.x.map((cell, i) => ({{cell, route: t.legendgroup, value: t.y[i]}})));
     const totals = root.querySelector('.torch-adapter-table-totals');
     return {{bars, rows: root.querySelectorAll('.torch-adapter-table tbody tr').length,
             table: totals ? {{native: Number(totals.dataset.native), composite: Number(totals.dataset.composite),
@@ -370,8 +373,24 @@ INSPECTOR_JS = f"""() => {{
 }}"""
 
 
+def draw_plotly(page, index: int) -> None:
+    """Have cell ``index``'s plotly chart drawn: plotly's renderer shows the output's stored image until
+    the pointer is over it, then the chart (its div, with the traces)."""
+    node = f"window.jupyterapp.shell.currentWidget.content.widgets[{index}].node"
+    page.wait_for_function(f"() => {node}.querySelector('.jp-OutputArea .jp-RenderedPlotly') !== null", timeout=60_000)
+    img = page.evaluate_handle(f"() => {node}.querySelector('.jp-OutputArea .jp-RenderedPlotly img.plot-img')").as_element()
+    box = img.bounding_box() if img is not None else None  # (None: not shown, the chart is drawn)
+    if box is not None:
+        page.mouse.move(1, 1)
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_function(f"() => {{ const p = {node}.querySelector('.jp-OutputArea .js-plotly-plot'); return !!(p && p.data); }}",
+                           timeout=60_000)
+    page.mouse.move(1, 1)
+
+
 def _check_inspector(page, nb) -> dict:
     page.evaluate(SCROLL_TO, INSPECTOR)
+    draw_plotly(page, INSPECTOR)
     page.wait_for_function(f"() => {{ const s = ({INSPECTOR_JS})(); return s && s.bars.length > 0; }}", timeout=60_000)
     shown = page.evaluate(INSPECTOR_JS)
     reported = [c for c in nb.cells if _payloads(c)]
@@ -561,7 +580,7 @@ def test_a_reload_keeps_the_panel_and_the_inspector(ran, page, lab):
     shown = _panel(page)
     assert shown["totals"]["cells"] >= kernel["cells"] and not shown["empty"], shown
     assert shown["prompts"] == [f"[{ran.cells[i].execution_count}]" for i in sorted(RAN_OPS)]
-    # The inspector's widget comes back from the kernel, its chart and table intact.
+    # The inspector's chart comes back from the saved output, its widget from the kernel: the same totals.
     _check_inspector(page, ran)
     page.wait_for_function(f"() => ({BADGES})()[{FALLBACK}].length === 1")
     assert len(page.evaluate(BADGES)[FALLBACK]) == 1
