@@ -321,7 +321,12 @@ def test_compare_rotates_the_order_and_runs_at_least_min_time():
         _time.sleep(0.005)
 
     rows = compare(cell, ["plain", "redirect"], n=3, warmup=1, min_time_s=0.2)
-    assert rows["plain"]["n"] >= 3 and rows["plain"]["n"] + rows["redirect"]["n"] >= 0.2 / 0.006
+    # the contract is time, not a count: the timed runs add up to min_time_s (however slow a loaded
+    # machine makes each), and more runs than -n asked for
+    timed = sum(rows["plain"]["runs_s"]) + sum(rows["redirect"]["runs_s"])
+    assert rows["plain"]["n"] >= 3 and timed >= 0.2
+    # ... and stop once they do: without the last round the runs were short of it
+    assert timed - rows["plain"]["runs_s"][-1] - rows["redirect"]["runs_s"][-1] < 0.2
     firsts = order[::2]
     assert "plain" in firsts and "redirect" in firsts  # each takes the first place in some rounds
     assert current() is None
@@ -338,24 +343,58 @@ def test_adapter_compare_bad_arguments(ip, line, match):
         ip.run_cell_magic("adapter_compare", line, "pass\n")
 
 
+PLOTLY = "application/vnd.plotly.v1+json"
+WIDGET = "application/vnd.jupyter.widget-view+json"
+CONTROLS_GONE = "routing inspector controls: run %adapter_inspector again for them"
+HAS_CHROME = any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome"))
+
+
 def _open_inspector(ip):
     with capture_output() as cap:
         assert ip.run_line_magic("adapter_inspector", "") is None  # displayed once, not echoed again
     return ip.user_ns["_adapter_inspector"], cap
 
 
+def _outputs(*caps) -> list[dict]:
+    """Every display and display update, in order: data, display id, whether it is an update."""
+    return [{"data": o.data, "id": (o.transient or {}).get("display_id"), "update": bool(o.update)}
+            for cap in caps for o in cap.outputs]
+
+
+def _last(outputs: list[dict], display_id: str) -> dict:
+    """What the output with ``display_id`` shows after the displays and updates in ``outputs``."""
+    return [o["data"] for o in outputs if o["id"] == display_id][-1]
+
+
+def _bars(chart: dict) -> dict[str, list[int]]:
+    """The plotly chart's bars: route (each trace's legendgroup) -> one count per cell."""
+    return {t["legendgroup"]: t["y"] for t in chart[PLOTLY]["data"]}
+
+
+def _saved_size(data: dict) -> int:
+    """The bytes the output takes in a notebook as nbformat writes it."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%adapter_inspector", outputs=[nbformat.v4.new_output("display_data", data)])]
+    empty = nbformat.v4.new_notebook()
+    empty.cells = [nbformat.v4.new_code_cell("%adapter_inspector")]
+    return len(nbformat.writes(nb).encode()) - len(nbformat.writes(empty).encode())
+
+
 def test_inspector_chart_and_table_cover_the_same_cells(ip):
     run(ip, CUDA_CELL)  # before the inspector opens: it must still be in the table
-    inspector, _ = _open_inspector(ip)
-    run(ip, "q = 1")  # no ops: no update
+    inspector, opened = _open_inspector(ip)
+    _, _, plain = run(ip, "q = 1")  # no ops: no update
     ip.run_line_magic("adapter", "target mps --simulate")
-    run(ip, CUDA_CELL + "values, indices = torch.mode((x * 4).round(), dim=1)\n")
+    _, _, ran = run(ip, CUDA_CELL + "values, indices = torch.mode((x * 4).round(), dim=1)\n")
     payloads = extension.router().payloads
     assert len(inspector.cells) == len(payloads) == 2
-    # The chart's bars are the payloads' counts, one per cell ...
-    for route in ("native", "composite", "fallback"):
-        bars = [int(v) for v in re.findall(rf'data-route="{route}" data-value="(\d+)"', inspector.chart.value)]
-        assert bars == [p["counts"][route] for p in payloads if p["counts"][route]]
+    # The chart's bars, as its output shows them after the last cell, are the payloads' counts, one per cell ...
+    outputs = _outputs(opened, plain, ran)
+    chart = _last(outputs, inspector.chart_handle.display_id)
+    assert _bars(chart) == {r: [p["counts"][r] for p in payloads] for r in ("native", "composite", "fallback")}
+    assert chart[PLOTLY]["data"][0]["x"] == [c["label"] for c in inspector.cells] and len(payloads) == 2
     # ... and the table's rows add up to the same totals.
     rows = inspector.rows()
     for route in ("native", "composite", "fallback"):
@@ -433,17 +472,110 @@ def test_inspector_table_is_capped_filtered_and_sorted(ip):
     assert "call sites" in inspector.details.value
 
 
-def test_inspector_renders_without_widgets(ip):
+def test_inspector_chart_is_an_output_of_its_own_that_lasts(ip):
+    """Issue 34: the chart was inline SVG inside the widget (stripped from an untrusted notebook, "model
+    not found" after a reopen). Now it is an output of its own — plotly's JSON, a static image (or the
+    reason there is none) with the totals and the table in its html, a line of text, no widget view —
+    that every cell updates (one display id), under 50 kB as a saved notebook stores it."""
     run(ip, CUDA_CELL)
-    inspector, cap = _open_inspector(ip)
-    (data,) = [o.data for o in cap.outputs if "application/vnd.jupyter.widget-view+json" in o.data]
-    assert data["text/plain"].startswith("torch_adapter RoutingInspector: 1 cell · ")
-    assert "<svg" in data["text/html"] and "aten::linear" in data["text/html"]
-    # The widget state is data (a few kB of SVG and HTML), not a JavaScript bundle.
+    inspector, opened = _open_inspector(ip)
+    first, controls = opened.outputs  # the chart, then the controls
+    assert PLOTLY in first.data and WIDGET not in first.data and WIDGET in controls.data
+    chart_id, controls_id = first.transient["display_id"], controls.transient["display_id"]
+    assert chart_id != controls_id
+    caps = [run(ip, CUDA_CELL + f"w{i} = torch.special.zeta(x.abs() + 2, x.abs() + 1).sum()\n")[2] for i in range(3)]
+    outputs = _outputs(*caps)
+    # Updates, never a new output: per cell, the static image alone (JupyterLab then draws the chart with a
+    # new renderer: plotly's ignores a new model once drawn), then the chart.
+    updates = [o for o in outputs if o["id"] == chart_id]
+    assert [(o["update"], PLOTLY in o["data"]) for o in updates] == [(True, False), (True, True)] * 3
+    assert not any(o["id"] == controls_id for o in outputs)  # the live controls are not redrawn
+    chart = _last(outputs, chart_id)
+    payloads = extension.router().payloads
+    assert _bars(chart)["native"] == [p["counts"]["native"] for p in payloads] and len(payloads) == 4
+    assert chart["text/plain"] == inspector.text().splitlines()[0]
+    assert chart["text/plain"].startswith("torch_adapter RoutingInspector: 4 cells · ")
+    page = chart["text/html"]
+    assert "<code>aten::" in page and "torch-adapter-table-totals" in page and "4 cells" in page
+    if HAS_CHROME:  # the static chart: in the html for nbconvert/GitHub, as image/png for Lab's plotly renderer
+        assert "src='data:image/png;base64," in page and chart["image/png"] in page
+    else:
+        assert "no static image" in page and "image/png" not in chart
+    assert _saved_size(chart) <= 50_000
+    # The controls' own output, where no widget is drawn (an export), says what they are.
+    assert controls.data["text/plain"] == controls.data["text/html"].replace("<code>", "").replace("</code>", "")\
+        .split(">", 1)[1].rsplit("<", 1)[0] == CONTROLS_GONE
+    # The widget state holds no chart.
     import ipywidgets
 
     size = len(json.dumps(ipywidgets.Widget.get_manager_state(widgets=[inspector, *inspector.children])))
-    assert size < 60_000, size
+    assert size < 30_000, size
+
+
+def test_inspector_chart_stays_under_50_kb_with_many_cells_and_long_names(ip):
+    """The chart's output as saved: the newest 60 cells as bars (the totals over all of them), the table's
+    first rows; more rows, or no image, only where that keeps it under 50 kB."""
+    from torch_adapter_widgets.inspector import MAX_BARS
+
+    inspector, _ = _open_inspector(ip)
+    with capture_output() as cap:
+        for i in range(MAX_BARS + 12):
+            ip.run_cell(f"v{i} = torch.ones(3, device='cuda') * {i}\n", store_history=True)
+    chart = _last(_outputs(cap), inspector.chart_handle.display_id)
+    x = chart[PLOTLY]["data"][0]["x"]
+    assert len(x) == MAX_BARS and x[-1] == f"[{extension.router().payloads[-1]['execution_count']}]"
+    assert f"the newest {MAX_BARS} of {MAX_BARS + 12} cells" in chart[PLOTLY]["layout"]["title"]["subtitle"]["text"]
+    assert _saved_size(chart) <= 50_000, _saved_size(chart)
+    assert "(72 cells)" in chart["text/html"]  # an op's cells column says how many, not all 72
+
+
+def test_closed_or_replaced_inspector_leaves_no_widget_view(ip):
+    """Issue 34: a notebook saved after the kernel lost the widget showed "Error displaying widget: model
+    not found". A newer %adapter_inspector and %unload_ext close the controls: their output (its display
+    handle) becomes a line saying what it was, with no widget view; the chart's output keeps its last state."""
+    run(ip, CUDA_CELL)
+    first, one = _open_inspector(ip)
+    second, two = _open_inspector(ip)
+    outputs = _outputs(one, two)
+    chart1, controls1, chart2, controls2 = (o["id"] for o in outputs if not o["update"])
+    replaced = _last(outputs, controls1)
+    assert WIDGET not in replaced and PLOTLY not in replaced
+    assert replaced["text/plain"] == f"{CONTROLS_GONE} (a newer %adapter_inspector replaced them)"
+    assert "run <code>%adapter_inspector</code> again for them" in replaced["text/html"]
+    assert PLOTLY in _last(outputs, chart1) and first.comm is None and first.table.comm is None
+    with capture_output() as cap:
+        ip.run_line_magic("unload_ext", "torch_adapter")
+    (gone,) = _outputs(cap)  # the second's controls, and nothing else: the charts stay as they were
+    assert gone["id"] == controls2 and gone["update"] and WIDGET not in gone["data"]
+    assert gone["data"]["text/plain"] == f"{CONTROLS_GONE} (the extension was unloaded)"
+    assert second.comm is None and second.rows()  # closed, its data still there
+    ip.run_line_magic("load_ext", "torch_adapter")  # (the fixture unloads it)
+
+
+def test_inspector_footer_names_the_object_the_user_has(ip):
+    """Issue 34: the footer named ``inspector.rows()``, which a notebook does not have."""
+    run(ip, CUDA_CELL)
+    inspector, _ = _open_inspector(ip)
+    inspector.max_rows = 3
+    inspector._refresh()
+    more = re.search(r"(\d+) more rows: filter or sort to see them \(<code>(\w+)\.rows\(\)</code> has them all\)",
+                     inspector.table.value)
+    assert more and more.group(2) == "_adapter_inspector", inspector.table.value
+    result = ip.run_cell(f"_n_rows = len({more.group(2)}.rows())")
+    assert result.success and ip.user_ns["_n_rows"] == 3 + int(more.group(1))
+
+
+def test_inspector_without_plotly_still_shows_its_numbers(ip, monkeypatch):
+    """A chart that cannot be drawn (here: plotly not importable) never fails the cell: the chart's output
+    keeps its totals, table and text, and says why there is no chart."""
+    inspector, _ = _open_inspector(ip)
+    monkeypatch.setitem(sys.modules, "plotly", None)
+    monkeypatch.setitem(sys.modules, "plotly.graph_objects", None)
+    result, _, cap = run(ip, CUDA_CELL)
+    assert result.success
+    chart = _last(_outputs(cap), inspector.chart_handle.display_id)
+    assert PLOTLY not in chart and "chart not drawn: ModuleNotFoundError" in chart["text/plain"]
+    assert "aten::linear" in chart["text/html"] and "torch-adapter-table-totals" in chart["text/html"]
 
 
 def test_adapter_check_shows_the_report_inline(ip, tmp_path):

@@ -299,10 +299,67 @@ BADGES = """() => window.jupyterapp.shell.currentWidget.content.widgets.map(cell
 FALLBACK_LINES = """index => [...window.jupyterapp.shell.currentWidget.content.widgets[index].node
     .querySelectorAll('.jp-OutputArea .jp-TorchAdapter-fallback')].map(li => li.textContent)"""
 PANEL = "#torch-adapter-routing-panel"
+
+
+def open_notebook(page, path: str, *, panel: bool = True) -> None:
+    """Open ``path`` in its tab (or bring its tab to the front), wait until its kernel is idle and, with
+    ``panel``, the "Op routing" panel is open and drawn."""
+    page.evaluate("""async ([path, panel]) => {
+        const app = window.jupyterapp;
+        const widget = await app.commands.execute('docmanager:open', {path});
+        await widget.context.ready;
+        await widget.sessionContext.ready;
+        if (panel) await app.commands.execute('torch-adapter:open-panel');
+    }""", [path, panel])
+    page.wait_for_function(f"""([path, panel]) => {{
+        const current = window.jupyterapp.shell.currentWidget;
+        const kernel = current && current.sessionContext && current.sessionContext.session
+            && current.sessionContext.session.kernel;
+        return current.context.path === path && kernel && kernel.status === 'idle'
+            && (!panel || document.querySelector('{PANEL} .jp-TorchAdapter-target') !== null);
+    }}""", arg=[path, panel], timeout=90_000)
 SCROLL_TO = """async index => {
     const notebook = window.jupyterapp.shell.currentWidget.content;
     await notebook.scrollToCell(notebook.widgets[index], 'start');
 }"""
+
+
+def kernel_value(page, expression_code: str):
+    """What the front tab's kernel prints as JSON for ``expression_code`` (statements ending in a
+    ``print(_RESULT + json.dumps(...))``, ``_RESULT`` defined for it): read from the kernel itself, never
+    from the page. The request stays out of the notebook's history and outputs."""
+    tag = "KERNEL-VALUE:"
+    code = f"_RESULT = {tag!r}\n{expression_code}"
+    out = page.evaluate("""async (code) => {
+        const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+        const future = kernel.requestExecute({code, silent: false, store_history: false});
+        let text = '';
+        future.onIOPub = msg => { if (msg.header.msg_type === 'stream') text += msg.content.text; };
+        await future.done;
+        return text;
+    }""", code)
+    assert tag in out, f"the kernel printed no value: {out[-500:]!r}"
+    return json.loads(out.split(tag, 1)[1])
+
+
+def notebook_fixtures(name: str, cells: list[str], *, panel: bool = True):
+    """A test module's ``lab`` (a JupyterLab server holding notebook ``name`` made of ``cells``) and
+    ``page`` (Chromium on it, the notebook open: :func:`open_notebook`) fixtures, module-scoped::
+
+        lab, page = notebook_fixtures(NOTEBOOK, CELLS)
+    """
+    @pytest.fixture(scope="module")
+    def lab(tmp_path_factory):
+        with lab_with_notebook(tmp_path_factory.mktemp("lab-" + name.removesuffix(".ipynb")), name, cells) as served:
+            yield served
+
+    @pytest.fixture(scope="module")
+    def page(lab):
+        with browser_page(lab[0]) as page:
+            open_notebook(page, name, panel=panel)
+            yield page
+
+    return lab, page
 
 
 def _kernel_totals(nb) -> dict:
@@ -356,11 +413,14 @@ def test_the_trace_is_a_table_with_cell_relative_sites(ran, page):
     shot(page, "lab-trace.png")
 
 
+# The inspector's two outputs: its chart (plotly's div keeps the traces: one per route, a bar per cell)
+# and its live controls (the widget: totals, the table).
 INSPECTOR_JS = f"""() => {{
     const node = window.jupyterapp.shell.currentWidget.content.widgets[{INSPECTOR}].node;
     const root = node.querySelector('.torch-adapter-inspector');
-    if (!root) return null;
-    const bars = [...root.querySelectorAll('rect.torch-adapter-bar')].map(r => ({{cell: r.dataset.cell, route: r.dataset.route, value: Number(r.dataset.value)}}));
+    const plot = node.querySelector('.jp-OutputArea .js-plotly-plot');
+    if (!root || !plot || !plot.data) return null;
+    const bars = plot.data.flatMap(t => t.x.map((cell, i) => ({{cell, route: t.legendgroup, value: t.y[i]}})));
     const totals = root.querySelector('.torch-adapter-table-totals');
     return {{bars, rows: root.querySelectorAll('.torch-adapter-table tbody tr').length,
             table: totals ? {{native: Number(totals.dataset.native), composite: Number(totals.dataset.composite),
@@ -370,8 +430,24 @@ INSPECTOR_JS = f"""() => {{
 }}"""
 
 
+def draw_plotly(page, index: int) -> None:
+    """Have cell ``index``'s plotly chart drawn: plotly's renderer shows the output's stored image until
+    the pointer is over it, then the chart (its div, with the traces)."""
+    node = f"window.jupyterapp.shell.currentWidget.content.widgets[{index}].node"
+    page.wait_for_function(f"() => {node}.querySelector('.jp-OutputArea .jp-RenderedPlotly') !== null", timeout=60_000)
+    img = page.evaluate_handle(f"() => {node}.querySelector('.jp-OutputArea .jp-RenderedPlotly img.plot-img')").as_element()
+    box = img.bounding_box() if img is not None else None  # (None: not shown, the chart is drawn)
+    if box is not None:
+        page.mouse.move(1, 1)
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_function(f"() => {{ const p = {node}.querySelector('.jp-OutputArea .js-plotly-plot'); return !!(p && p.data); }}",
+                           timeout=60_000)
+    page.mouse.move(1, 1)
+
+
 def _check_inspector(page, nb) -> dict:
     page.evaluate(SCROLL_TO, INSPECTOR)
+    draw_plotly(page, INSPECTOR)
     page.wait_for_function(f"() => {{ const s = ({INSPECTOR_JS})(); return s && s.bars.length > 0; }}", timeout=60_000)
     shown = page.evaluate(INSPECTOR_JS)
     reported = [c for c in nb.cells if _payloads(c)]
@@ -561,7 +637,7 @@ def test_a_reload_keeps_the_panel_and_the_inspector(ran, page, lab):
     shown = _panel(page)
     assert shown["totals"]["cells"] >= kernel["cells"] and not shown["empty"], shown
     assert shown["prompts"] == [f"[{ran.cells[i].execution_count}]" for i in sorted(RAN_OPS)]
-    # The inspector's widget comes back from the kernel, its chart and table intact.
+    # The inspector's chart comes back from the saved output, its widget from the kernel: the same totals.
     _check_inspector(page, ran)
     page.wait_for_function(f"() => ({BADGES})()[{FALLBACK}].length === 1")
     assert len(page.evaluate(BADGES)[FALLBACK]) == 1

@@ -19,7 +19,7 @@ import time
 
 import nbformat
 import pytest
-from test_lab_e2e import NEEDS_CHROMIUM, PANEL, browser_page, lab_with_notebook
+from test_lab_e2e import NEEDS_CHROMIUM, PANEL, browser_page, lab_with_notebook, open_notebook
 from test_lab_state import run_cell
 
 A, B, C = "switch_a.ipynb", "switch_b.ipynb", "switch_c.ipynb"
@@ -64,24 +64,6 @@ def page(lab):
 
 
 FIND = """path => [...window.jupyterapp.shell.widgets('main')].find(w => w.context && w.context.path === path)"""
-
-
-def open_notebook(page, path: str) -> None:
-    """Open ``path`` in its own tab (or bring its tab to the front) with its own kernel, and the panel."""
-    page.evaluate("""async (path) => {
-        const app = window.jupyterapp;
-        const panel = await app.commands.execute('docmanager:open', {path});
-        await panel.context.ready;
-        await panel.sessionContext.ready;
-        await app.commands.execute('torch-adapter:open-panel');
-    }""", path)
-    page.wait_for_function(f"""(path) => {{
-        const current = window.jupyterapp.shell.currentWidget;
-        const kernel = current && current.sessionContext && current.sessionContext.session
-            && current.sessionContext.session.kernel;
-        return current.context.path === path && kernel && kernel.status === 'idle'
-            && document.querySelector('{PANEL} .jp-TorchAdapter-target') !== null;
-    }}""", arg=path, timeout=90_000)
 
 
 def activate(page, path: str) -> None:

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from test_lab_e2e import NEEDS_CHROMIUM, click_and_await, PANEL, _panel, browser_page, goto_lab, lab_with_notebook
+from test_lab_e2e import NEEDS_CHROMIUM, click_and_await, PANEL, _panel, goto_lab, kernel_value, notebook_fixtures, open_notebook
 from test_lab_state import run_cell
 
 NOTEBOOK = "truth.ipynb"
@@ -31,46 +31,13 @@ ROUTES = ("native", "composite", "yours", "fallback", "refused")
 pytestmark = [pytest.mark.timeout(300), NEEDS_CHROMIUM]
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    with lab_with_notebook(tmp_path_factory.mktemp("lab-truth"), NOTEBOOK, CELLS) as served:
-        yield served
-
-
-@pytest.fixture(scope="module")
-def page(lab):
-    base, _ = lab
-    with browser_page(base) as page:
-        open_notebook(page)
-        yield page
-
-
-def open_notebook(page) -> None:
-    page.evaluate(f"""async () => {{
-        const app = window.jupyterapp;
-        const current = app.shell.currentWidget;
-        const panel = current && current.context && current.context.path === '{NOTEBOOK}'
-            ? current : await app.commands.execute('docmanager:open', {{path: '{NOTEBOOK}'}});
-        await panel.context.ready;
-        await panel.sessionContext.ready;
-        await app.commands.execute('torch-adapter:open-panel');
-    }}""")
-    page.locator(f"{PANEL} .jp-TorchAdapter-target").wait_for()
+lab, page = notebook_fixtures(NOTEBOOK, CELLS)
 
 
 def kernel_totals(page) -> dict | None:
     """The kernel's own session totals (None: the extension is not loaded there)."""
-    code = ("import json as _j\nfrom torch_adapter.jupyter.extension import front_end_state as _fes\n"
-            "print('STATE' + _j.dumps(_fes()['status']))")
-    out = page.evaluate(f"""async () => {{
-        const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
-        const future = kernel.requestExecute({{code: {json.dumps(code)}, silent: false, store_history: false}});
-        let text = '';
-        future.onIOPub = msg => {{ if (msg.header.msg_type === 'stream') text += msg.content.text; }};
-        await future.done;
-        return text;
-    }}""")
-    status = json.loads(out.split("STATE", 1)[1])
+    status = kernel_value(page, "import json as _j\nfrom torch_adapter.jupyter.extension import front_end_state as _fes\n"
+                                "print(_RESULT + _j.dumps(_fes()['status']))")
     if not status["loaded"]:
         return None
     return {"cells": status["cells"], **{r: status[r] for r in ROUTES}}
@@ -110,7 +77,7 @@ def test_refresh_and_reload_keep_the_kernels_numbers(page, lab):
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty")
     goto_lab(page, base)  # the page reloads; the kernel lives on with the second session
-    open_notebook(page)
+    open_notebook(page, NOTEBOOK)
     shown = panel_settles_on(page, totals)
     assert shown["rows"] == 4 and not shown["empty"], shown
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_lab_e2e import NEEDS_CHROMIUM, click_and_await, PANEL, browser_page, goto_lab, lab_with_notebook
+from test_lab_e2e import NEEDS_CHROMIUM, click_and_await, PANEL, goto_lab, notebook_fixtures, open_notebook
 
 NOTEBOOK = "state.ipynb"
 CELLS = [
@@ -34,31 +34,7 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    with lab_with_notebook(tmp_path_factory.mktemp("lab-state"), NOTEBOOK, CELLS) as served:
-        yield served
-
-
-@pytest.fixture(scope="module")
-def page(lab):
-    base, _ = lab
-    with browser_page(base) as page:
-        open_notebook(page)
-        yield page
-
-
-def open_notebook(page) -> None:
-    page.evaluate(f"""async () => {{
-        const app = window.jupyterapp;
-        const current = app.shell.currentWidget;
-        const panel = current && current.context && current.context.path === '{NOTEBOOK}'
-            ? current : await app.commands.execute('docmanager:open', {{path: '{NOTEBOOK}'}});
-        await panel.context.ready;
-        await panel.sessionContext.ready;
-        await app.commands.execute('torch-adapter:open-panel');
-    }}""")
-    page.locator(f"{PANEL} .jp-TorchAdapter-target").wait_for()
+lab, page = notebook_fixtures(NOTEBOOK, CELLS)
 
 
 def run_cell(page, index: int) -> None:
@@ -144,7 +120,7 @@ def test_a_reload_shows_not_loaded_not_the_outputs_target(page, lab):
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty")
     goto_lab(page, base)
-    open_notebook(page)
+    open_notebook(page, NOTEBOOK)
     after = settle(page, "not loaded")
     assert after["state"] == "not-loaded" and after["errors"] == 0
     rows = page.locator(f"{PANEL} .jp-TorchAdapter-cellRow .jp-TorchAdapter-rowTarget").all_inner_texts()

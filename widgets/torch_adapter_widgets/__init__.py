@@ -1,10 +1,10 @@
-"""Jupyter views for torch_adapter (the inspector: ipywidgets with inline-SVG charts, ``_svg``; the
-comparison: a plotly chart with its numbers, no widget state).
+"""Jupyter views for torch_adapter: charts as plotly figures that last (their JSON mime bundle plus a
+static PNG in the same output's html, :mod:`._static`; no widget state), live controls as ipywidgets.
 
-- :class:`RoutingInspector` — live per-cell routing: stacked bars per cell, a sortable,
-  filterable op table, and the selected op's reason and call sites. Updated once per
-  cell (never per op).
-  Front ends without widgets get its text/html and text/plain renderings.
+- :class:`RoutingInspector` — live per-cell routing: stacked bars of op calls per cell by route
+  (an output of its own, updated once per cell, never per op), and a widget with the totals, a
+  sortable, filterable op table and the selected op's reason and call sites. Closed (or the
+  extension unloaded), the widget's output says so instead of leaving a widget view behind.
 - :class:`ThroughputComparison` — throughput kept per configuration as a measurement (median, 95 %
   interval, verdict): plotly's JSON mime bundle, a static image and an HTML table in one output.
 """

@@ -76,6 +76,7 @@ class CellRouter:
 
         self.session_id = uuid.uuid4().hex[:12]
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.on_unload: list[Callable[[], None]] = []  # called by %unload_ext (the inspector closes its controls)
         from collections import deque
 
         self.payloads: deque[dict[str, Any]] = deque(maxlen=KEEP_CELLS)
@@ -292,6 +293,12 @@ def unload_ipython_extension(ipython: Any) -> None:
     cell_router, _ROUTER = _ROUTER, None
     if cell_router is not None:
         cell_router.unregister()
+        for hook in list(cell_router.on_unload):  # the inspector's controls say they are gone (no widget view)
+            try:
+                hook()
+            except Exception as exc:
+                cell_router._report(f"the unload hook {getattr(hook, '__qualname__', hook)!r}", exc)
+        cell_router.on_unload.clear()
         cell_router.listeners.clear()  # the inspectors it fed keep what they show and follow nothing
         magics = ipython.magics_manager.registry.pop("AdapterMagics", None)
         if magics is not None:

@@ -167,23 +167,25 @@ class AdapterMagics(Magics):
     # -- %adapter_inspector ------------------------------------------------------------------
     @line_magic
     def adapter_inspector(self, line: str = "") -> Any:
-        """Open the live RoutingInspector: per-cell stacked bars, a sortable/filterable op
-        table, and an op's reason and call sites on selection. It updates once per cell and
-        starts with every cell reported so far; it is kept as ``_adapter_inspector``."""
+        """Open the RoutingInspector: a chart of op calls per cell by route (a plotly figure
+        with a static image: it stays in a saved notebook), then the live controls — a
+        sortable/filterable op table, an op's reason and call sites on selection. It updates
+        once per cell and starts with every cell reported so far; it is kept as
+        ``_adapter_inspector``. A newer one, or ``%unload_ext``, closes the controls (their
+        output says so); the chart keeps its last state."""
         try:
             from torch_adapter_widgets import RoutingInspector
         except ImportError as exc:
             raise UsageError(f"%adapter_inspector needs the widgets extra: pip install 'torch-adapter[widgets]' ({exc})")
-        from IPython.display import display
 
         previous = self.shell.user_ns.get("_adapter_inspector")
-        if isinstance(previous, RoutingInspector):  # one live inspector: the earlier one keeps what it shows
-            previous.detach()
-        inspector = RoutingInspector.attach(self.router)
+        if isinstance(previous, RoutingInspector):  # one live inspector: the earlier one's chart stays as it was
+            previous.close("a newer %adapter_inspector replaced them")
+        inspector = RoutingInspector.attach(self.router, variable="_adapter_inspector")
         self.shell.user_ns["_adapter_inspector"] = inspector
-        # A display handle: front ends that follow display updates (nbclient, nbconvert) keep
-        # the stored text/html and text/plain renderings current after each cell.
-        inspector.handle = display(inspector, display_id=True)
+        # Two outputs, each with a display handle: the chart, updated after each cell (front ends and
+        # nbclient follow display updates), and the controls, replaced by a line when they close.
+        inspector.show()
 
     # -- %adapter_check ----------------------------------------------------------------------
     @magic_arguments()
