@@ -447,6 +447,10 @@ def test_inspector_site_column_never_stays_blank(ip):
     table = inspector.table.value
     (mode,) = re.findall(r"<tr data-route='fallback'>.*?</tr>", table)
     assert "aten::mode" in mode and re.search(r"cell \[\d+\], line \d+</td></tr>$", mode), mode
+    # its reason code, titled with its page (docs/reasons.md), in the row and in the op's details
+    assert re.search(r"<code class='torch-adapter-code' title='docs/reasons.md#ta-f\d{3}'>TA-F\d{3}</code>", mode), mode
+    inspector.select.value = next(v for _, v in inspector.select.options if v[0] == "aten::mode")
+    assert re.search(r">TA-F\d{3}</code> no MPS kernel", inspector.details.value), inspector.details.value
     blank = [row for row in re.findall(r"<tr data-route='\w+'>.*?</tr>", table) if row.endswith("nowrap'></td></tr>")]
     assert not blank
     assert "the per-cell trace records the line of the calls the adapter routes itself" in table

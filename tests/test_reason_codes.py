@@ -197,8 +197,11 @@ with torch_adapter.adapted("cpu") as s:
     with torch.autocast("cuda", dtype=torch.bfloat16):           # line 6
         y = x * 2
     list(DataLoader([1, 2], pin_memory=True))                    # line 8
+    for _ in range(3):
+        torch.cuda.synchronize()                                 # line 10
+    n = torch.cuda.device_count()                                # line 11
     rows = s.redirect_log.to_json()["entries"]
-print("RESULT " + json.dumps([[r["line"], r["class"], r["code"], r["source"]] for r in rows]))
+print("RESULT " + json.dumps([[r["line"], r["class"], r["code"], r["source"], r["count"], r["file"]] for r in rows]))
 """
 
 
@@ -209,7 +212,16 @@ def test_the_migration_log_gives_each_call_its_line_source_and_class(tmp_path):
                           env={k: v for k, v in os.environ.items() if k != "TORCH_ADAPTER_AUTOINSTALL"})
     line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     assert done.returncode == 0 and line, done.stderr[-3000:]
-    rows = {r[0]: r[1:] for r in json.loads(line[0][7:])}
+    found = json.loads(line[0][7:])
+    # every row is the program's own line: torch asking torch.cuda for itself (autocast, DataLoader) is not
+    # the program's call to port
+    assert {r[5] for r in found} == {str(script)}, found
+    counts = {r[0]: r[4] for r in found}
+    rows = {r[0]: r[1:4] for r in found}
     assert rows[5] == ["changed", "TA-X001", "x = torch.ones(4).cuda()                                     # line 5"]
     assert rows[6][:2] == ["same", "TA-X002"] and rows[6][2].startswith("with torch.autocast(")
     assert rows[8][:2] == ["dummy", "TA-X008"]
+    # torch.cuda's functions, each call counted at its line; on the CPU synchronize does nothing
+    assert rows[10] == ["dummy", "TA-X014", "torch.cuda.synchronize()                                 # line 10"]
+    assert counts[10] == 3
+    assert rows[11][:2] == ["changed", "TA-X005"] and counts[11] == 1

@@ -39,8 +39,10 @@ def test_report_is_one_screen_with_the_fallback_and_its_line(tmp_path, cli):
                     r"op calls, [\d.]+ \w?B copied$", lines[0]), lines[0]
     assert "CPU fallbacks (ops the target lacks: copied to the CPU and back): 1 op" in text
     assert re.search(r"^  fb\.py:4: aten::special_i0e\S* ×1$", text, re.M), text  # the user's line, the op, the calls
+    assert re.search(r"^      TA-F\d{3} \w", text, re.M), text  # its reason, with the reason's code first
     assert re.search(r"^redirected: \d+ CUDA requests at \d+ sites", text, re.M)
-    assert re.search(r"^  fb\.py:3: autocast\('cuda', float16\) ×1 → autocast\('npu'", text, re.M), text
+    assert re.search(r"^  fb\.py:3: autocast\('cuda', float16\) ×1 → autocast\('npu'.* \[TA-X\d{3} (same|changed)\]$",
+                     text, re.M), text  # each redirect with its code and class
     assert "--fallback error" in lines[-2] and "--report full" in lines[-1]  # what to do next, in run's flags
     assert "log.table()" not in p.stderr  # no Python API in a terminal
 

@@ -61,6 +61,16 @@ def _cells_text(cells: list[str]) -> str:
     return f"{' '.join(cells[:half])} … {' '.join(cells[-half:])} ({len(cells)} cells)"
 
 
+def _code_html(code: str | None) -> str:
+    """A reason code, titled with where its page is (docs/reasons.md, one section per code)."""
+    if not code:
+        return ""
+    from torch_adapter.core.codes import page
+
+    return (f"<code class='torch-adapter-code' title='{html.escape(page(code), quote=True)}'>"
+            f"{html.escape(code)}</code>")
+
+
 def _shown(counts: dict[str, int]) -> list[str]:
     """The routes a line shows: native, composite and fallback always; yours and refused when any."""
     return [r for r in ROUTES if r in ("native", "composite", "fallback") or counts.get(r, 0)]
@@ -197,7 +207,7 @@ class RoutingInspector(w.VBox):
         for row in rows or []:
             key = (row["op"], row["route"], target)
             agg = self.ops.setdefault(key, {"op": row["op"], "route": row["route"], "target": target,
-                                            "reason": row.get("reason") or "", "calls": 0, "self_time_ms": 0.0,
+                                            "reason": row.get("reason") or "", "code": row.get("code") or "", "calls": 0, "self_time_ms": 0.0,
                                             "bytes_copied": 0, "cells": [], "sites": []})
             agg["calls"] += int(row["calls"])
             agg["self_time_ms"] += float(row.get("self_time_ms") or 0.0)
@@ -266,7 +276,7 @@ class RoutingInspector(w.VBox):
         if not found:
             return ""
         items = "".join(f"<li data-kind='dtype'>dtype {html.escape(f['dtype'])} not on {html.escape(f['target'])}: "
-                        f"<code>{html.escape(f['op'])}</code> ×{f['calls']:,}"
+                        f"<code>{html.escape(f['op'])}</code> ×{f['calls']:,} {_code_html(f.get('code'))}"
                         f"{' at ' + html.escape(f['site']) if f.get('site') else ''}</li>" for f in found[:10])
         return f" · <span data-kind='dtype'>{sum(f['calls'] for f in found):,} dtype refused</span><ul>{items}</ul>"
 
@@ -305,12 +315,13 @@ class RoutingInspector(w.VBox):
     def _table_html(self, rows: list[dict[str, Any]], max_rows: int | None = None) -> str:
         shown = rows[:self.max_rows if max_rows is None else max_rows]
         head = "".join(f"<th style='text-align:{a};padding:1px 6px'>{h}</th>" for h, a in (
-            ("op", "left"), ("target", "left"), ("route", "left"), ("calls", "right"), ("self ms", "right"),
+            ("op", "left"), ("target", "left"), ("route", "left"), ("code", "left"), ("calls", "right"), ("self ms", "right"),
             ("copied", "right"), ("cells", "left"), ("first call site", "left")))
         body = "".join(
             f"<tr data-route='{r['route']}'><td style='text-align:left'><code>{html.escape(r['op'])}</code></td>"
             f"<td style='text-align:left'>{html.escape(r['target'])}</td>"
             f"<td style='text-align:left;color:{COLORS[r['route']]}'>{r['route']}</td>"
+            f"<td style='text-align:left'>{_code_html(r.get('code'))}</td>"
             f"<td style='text-align:right'>{r['calls']:,}</td>"
             f"<td style='text-align:right'>{r['self_time_ms']:.3f}</td>"
             f"<td style='text-align:right'>{format_bytes(r['bytes_copied']) if r['bytes_copied'] else ''}</td>"
@@ -347,7 +358,8 @@ class RoutingInspector(w.VBox):
         sites = "".join(f"<li><code>{html.escape(s)}</code></li>" for s in row["sites"]) or \
             f"<li>(none recorded: {html.escape(NO_SITE_WHY)})</li>"
         self.details.value = (f"<b>{html.escape(row['op'])}</b> — {row['route']} on {html.escape(row['target'])}"
-                              f"<br>{html.escape(row['reason'])}<br>call sites:<ul>{sites}</ul>")
+                              f"<br>{_code_html(row.get('code'))} {html.escape(row['reason'])}"
+                              f"<br>call sites:<ul>{sites}</ul>")
 
     def html(self, png: bytes | None = None, rows: int = STATIC_ROWS[0], note: str = "") -> str:
         """A static rendering: the chart's image (``png``; without one, the title and why not), the

@@ -174,6 +174,11 @@ def _classify(path: str) -> str:
     return "user" if _is_user(path) else "skip"
 
 
+def frame_kind(path: str) -> str:
+    """``user`` | ``library`` | ``skip`` (torch, the adapter, the standard library) for a code file."""
+    return _KINDS.get(path) or _frame_kind(path)
+
+
 def site_frames(depth: int = 1) -> tuple[Any, Any]:
     """``(site, library)`` above the caller: ``site`` is the innermost frame of the user's own
     code (the script or notebook cell, not an installed package); ``library`` is the innermost

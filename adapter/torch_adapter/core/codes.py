@@ -192,6 +192,11 @@ _TABLE = [
     Code("TA-X013", "dummy", "a CUDA setting with no equivalent on this target",
          "An environment variable or option that only CUDA reads; it is ignored here.", "The target has nothing "
          "to set.", "Nothing.", "CUDA_LAUNCH_BLOCKING=1 on the CPU"),
+    Code("TA-X014", "dummy", "a torch.cuda call that does nothing on this target",
+         "torch.cuda.synchronize(), empty_cache(), a caching-allocator switch or a similar runtime call was "
+         "accepted and does nothing here (the CPU runs ops synchronously and has no CUDA caching allocator).",
+         "The call manages a CUDA runtime the target does not have; nothing the program computes depends on it.",
+         "Nothing; remove the call if the port no longer targets CUDA.", "torch.cuda.synchronize() on the CPU"),
     Code(UNCLASSIFIED, "", "unclassified",
          "A reason the table does not name yet: a defect of torch_adapter (tests/test_reason_codes.py walks every "
          "reason so none should reach you).",
@@ -260,6 +265,8 @@ def redirect_code(kind: str, asked: str, became: str) -> str:
         return "TA-X002"
     if kind == "dtype":
         return "TA-X003"
+    if kind == "namespace" and ("no-op" in became or became.startswith(("accepted", "nothing"))):
+        return "TA-X014"
     if kind == "env":
         return "TA-X013" if became.startswith(("ignored", "no equivalent")) else "TA-X011"
     return {"device": "TA-X001", "jit": "TA-X001", "probe": "TA-X004", "namespace": "TA-X005",

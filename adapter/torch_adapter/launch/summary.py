@@ -44,6 +44,7 @@ def summary_lines(log: Any, redirects: list[dict[str, Any]], *, target: str, wid
                   full_hint: str = "--report full") -> list[str]:
     """The report's lines (each at most ``width`` columns, at most :data:`MAX_LINES` of them)."""
     from ..routing.wording import format_bytes
+    from ..core.codes import dtype_code
     from ..routing.log import counts_text
 
     lines: list[str] = []
@@ -63,7 +64,11 @@ def summary_lines(log: Any, redirects: list[dict[str, Any]], *, target: str, wid
             for r in rows[:_SHOWN[route]]:
                 add(_cut(f"  {_site(r.site)}: {r.op} ×{r.calls:,}", width))
                 if r.reason:
-                    add(_cut(f"      {r.reason}", width))
+                    # the code and the reason in at most two lines (the rest is behind --report full)
+                    first, *rest = textwrap.wrap(f"{r.code} {r.reason}", width=width - 6)
+                    add(f"      {first}")
+                    if rest:
+                        add(_cut("      " + " ".join(rest), width))
             if len(rows) > _SHOWN[route]:
                 add(f"  … {len(rows) - _SHOWN[route]} more ({full_hint})")
         composite = sorted((r for r in tops if r.route == "composite"), key=lambda r: -r.calls)
@@ -75,7 +80,7 @@ def summary_lines(log: Any, redirects: list[dict[str, Any]], *, target: str, wid
         if findings:
             add(f"dtypes {target} refuses: {len(findings)}")
             for f in findings[:_SHOWN["dtype"]]:
-                add(_cut(f"  {f.op} ({f.dtype}) ×{f.calls} at {_site(f.site)}: {f.message}", width))
+                add(_cut(f"  {f.op} ({f.dtype}) ×{f.calls} at {_site(f.site)}: {dtype_code(f)} {f.message}", width))
     elif log is not None:
         add(f"torch_adapter on {target}: no op ran under observation")
     for line in _compiled_lines(log, width):
@@ -94,7 +99,8 @@ def summary_lines(log: Any, redirects: list[dict[str, Any]], *, target: str, wid
                        key=lambda e: (order.get(e["kind"], 5), -int(e.get("count", 1))))
         for e in shown[:_SHOWN["redirect"]]:
             where = _site({"file": e.get("file"), "line": e.get("line"), "library": e.get("library")})
-            add(_cut(f"  {where}: {e['asked']} ×{e.get('count', 1)} → {e['became']}", width))
+            code = f" [{e['code']} {e['class']}]" if e.get("code") else ""
+            add(_cut(f"  {where}: {e['asked']} ×{e.get('count', 1)} → {e['became']}{code}", width))
         if len(shown) > _SHOWN["redirect"]:
             add(f"  … {len(shown) - _SHOWN['redirect']} more ({full_hint})")
     for step in _next_steps(log, full_hint):

@@ -18,15 +18,17 @@ import functools
 import inspect
 import os
 import platform
+import sys
 from typing import Any, Callable
 
 import torch
+from torch.compiler import is_compiling as _compiling
 
 from ..core.patching import STAND_IN, mark_stand_in
 from ..errors import UnsupportedCudaFeature, format_error
 from . import cuda_graphs, host_memory
 from .cuda_objects import DeviceProperties, _Event, _Stream
-from .cuda_table import _FIXES, TABLE, U
+from .cuda_table import _FIXES, TABLE, A, E, K, U
 
 __all__ = ["TABLE", "StandIn", "apply", "table_markdown"]
 
@@ -98,15 +100,15 @@ def _unsupported(name: str, original: Any) -> Any:
 def _cpu_device_count(session: Any) -> int:
     """The CUDA device count where every CUDA index names the CPU: the session's ``device_count``
     when set (read per call: ``configure(device_count=...)`` takes effect at once); else one, or
-    under a launcher one per local rank (``LOCAL_WORLD_SIZE``, set by torchrun / accelerate launch),
+    under a launcher one per local rank (``LOCAL_WORLD_SIZE`` from torchrun / accelerate launch, the MPI
+    launchers' local size: core/launcher_env.py),
     so a program that checks it has a device per rank (``device_count() >= world_size``) runs."""
     asked = session.config.device_count
     if asked is not None:
         return asked
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
+    from ..core.launcher_env import local_world_size  # LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, ...
+
+    return local_world_size()
 
 
 def _signature(fn: Any) -> inspect.Signature | None:
@@ -486,12 +488,53 @@ def _nvtx_patches(session: Any) -> dict[str, Any]:
             "range_start": range_start, "range_end": range_end}
 
 
+def _became(name: str, session: Any) -> str:
+    """What a call of ``torch.cuda.<name>`` became, in the migration log's words: on the CPU target the
+    table's row (where it says the call does nothing, the log's class is "dummy": core/codes.py,
+    TA-X014); on a device target the device module's function where it has one."""
+    what = TABLE.get(name, (A, "the target's answer"))[1]
+    if session.device_mapper.on_cpu:
+        return what
+    device_type = session.target.device_type
+    dev_mod = getattr(torch, device_type, None)
+    return f"torch.{device_type}.{name}()" if callable(getattr(dev_mod, name, None)) else what
+
+
+def _logged(name: str, value: Any, session: Any) -> Any:
+    """``value`` (a stand-in function of torch.cuda) recording each call in the migration log, once per
+    site with a count; classes, modules and other values are returned as they are."""
+    if not inspect.isfunction(value) or name.startswith("_") or TABLE.get(name, (K,))[0] not in (A, E):
+        return value
+    log = session.redirect_log
+    asked, became, calls, first_call = f"torch.cuda.{name}()", _became(name, session), log.calls, log.first_call
+
+    @functools.wraps(value)
+    def logged(*args: Any, **kwargs: Any) -> Any:
+        # the program's own calls, once per line with a count (torch and libraries asking for themselves
+        # are not logged: a library's is_available() per step would flood the log); nothing while
+        # dynamo traces (a frame lookup there is a graph break)
+        if not _compiling():
+            caller = sys._getframe(1)
+            # keyed by the call instruction (a line number costs a line-table walk per call); the code
+            # object is kept with its row, so an id reused after a cell is redefined is told apart
+            seen = calls.get((id(caller.f_code), caller.f_lasti, asked))
+            if seen is None or seen[0] is not caller.f_code:
+                first_call("namespace", asked, became, caller)
+            elif seen[1] is not None:
+                seen[1].count += 1
+        return value(*args, **kwargs)
+
+    return logged
+
+
 def apply(session: Any) -> None:
     """Patch torch.cuda (and submodules defining the same names) for ``session``'s target."""
     if session.target.device_type == "cuda":
         return  # real CUDA answers for itself
     p = session.patcher
     ns = StandIn(session).names()
+    if getattr(session, "redirect_log", None) is not None:  # the migration log: each torch.cuda call, per site
+        ns = {name: _logged(name, value, session) for name, value in ns.items()}
     submodules = [getattr(torch.cuda, s) for s in ("memory", "random", "graphs", "streams") if hasattr(torch.cuda, s)]
     for name, value in ns.items():
         p.set(torch.cuda, name, value)

@@ -66,6 +66,9 @@ class RedirectLog:
         self._rows: dict[tuple[Any, ...], RedirectEntry] = {}
         self._lock = threading.Lock()
         self.enabled = True
+        # (id(code), instruction, asked) -> (code, its row or None: not the user's call): calls counted per
+        # site at a dict lookup (the torch.cuda functions: redirect/cuda_ns.py)
+        self.calls: dict[tuple[int, int, str], tuple[Any, RedirectEntry | None]] = {}
 
     def record(self, kind: str, asked: str, became: str, depth: int = 3) -> None:
         # Inside compiled code (dynamo tracing) the redirection happens once, at trace time, and
@@ -108,6 +111,25 @@ class RedirectLog:
     def clear(self) -> None:
         with self._lock:
             self._rows.clear()
+            self.calls.clear()
+
+    def first_call(self, kind: str, asked: str, became: str, frame: Any) -> RedirectEntry | None:
+        """The row of a call made from ``frame`` (a function's direct caller), counted once; None where
+        ``frame`` is not the user's own code (torch or a library asking for itself: not the program's
+        call to port). :meth:`counted` keeps later calls from the same line at a dict lookup."""
+        from ..core.callsite import frame_kind
+
+        code = frame.f_code
+        if not self.enabled or frame_kind(code.co_filename) != "user":
+            row = None
+        else:
+            key = (code.co_filename, frame.f_lineno, asked, None)
+            with self._lock:
+                row = self._rows.setdefault(key, RedirectEntry(code.co_filename, frame.f_lineno, code.co_name,
+                                                               kind, asked, became, 0, None))
+                row.count += 1
+        self.calls[(id(code), frame.f_lasti, asked)] = (code, row)
+        return row
 
     def summary(self) -> dict[str, int]:
         out: dict[str, int] = {}
