@@ -651,3 +651,23 @@ def test_the_kept_cells_are_bounded_and_a_refresh_gets_each_cells_latest(ip):
     assert len(router.payloads) == len(router.tables) == extension.KEEP_CELLS
     assert router.payloads[-1]["cell_id"] == f"cell-{extension.KEEP_CELLS + 19}"
     assert len(extension.front_end_state()["payloads"]) == extension.KEEP_CELLS
+
+
+def test_a_cell_says_what_it_compiled(ip):
+    """Issue 35, item 4 in a notebook: a cell that ran compiled code says what compiled (its ops are not
+    counted per op), even when no aten op ran eagerly; a later cell that compiles nothing says nothing
+    of it."""
+    import torch
+
+    torch._dynamo.reset()
+    run(ip, "import torch\nx = torch.randn(8).cuda()\n@torch.compile\ndef twice_sin(a):\n    return (a * 2).sin().sum()\n")
+    _, bundles, _ = run(ip, "y = twice_sin(x)")
+    (data,) = bundles
+    compiled = data[schema.MIME]["compiled"]
+    assert compiled["graphs"] == 1 and compiled["graph_breaks"] == 0 and compiled["failures"] == 0
+    assert compiled["line"].startswith("compiled: 1 graph (twice_sin, cell [") and "not counted per op" in compiled["line"]
+    assert compiled["line"] in data["text/plain"] and "torch-adapter-compiled" in data["text/html"]
+    _, again, _ = run(ip, "y = twice_sin(x)\nz = x + 1")  # compiled already: the cell reports its eager op only
+    (data,) = again
+    assert "compiled" not in data[schema.MIME] and "compiled:" not in data["text/plain"]
+    torch._dynamo.reset()

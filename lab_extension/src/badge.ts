@@ -4,7 +4,7 @@
 
 import { Widget } from '@lumino/widgets';
 
-import { badgeLevel, badgeText, codedReason, dtypeText, fallbackLine, formatExact, targetLabel, tooltipText } from './format';
+import { badgeLevel, badgeText, codedReason, compiledText, dtypeText, fallbackLine, formatExact, targetLabel, tooltipText } from './format';
 import { IRoutingPayload, ROUTES } from './schema';
 
 export const BADGE_CLASS = 'jp-TorchAdapter-badge';
@@ -48,6 +48,10 @@ export function renderBadge(
   const dtypes = dtypeText(payload);
   if (dtypes) {
     text.append(dtypes);
+  }
+  const compiled = compiledText(payload);
+  if (compiled) {
+    text.append(compiled);
   }
   node.append(text);
   if (showTarget) {

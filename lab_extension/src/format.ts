@@ -90,6 +90,22 @@ function compactCount(n: number): string {
   return value < 1_000_000 ? `${trim(value / 1_000)}k` : `${trim(value / 1_000_000)}M`;
 }
 
+/** " · compiled 1 graph" / " · compiled 2 graphs, 1 break" where torch.compile compiled in the cell, else "". */
+export function compiledText(payload: Pick<IRoutingPayload, 'compiled'>): string {
+  const c = payload.compiled;
+  if (!c) {
+    return '';
+  }
+  const parts = [`compiled ${c.graphs} ${c.graphs === 1 ? 'graph' : 'graphs'}`];
+  if (c.graph_breaks) {
+    parts.push(`${c.graph_breaks} ${c.graph_breaks === 1 ? 'break' : 'breaks'}`);
+  }
+  if (c.failures) {
+    parts.push(`${c.failures} failed`);
+  }
+  return ` · ${parts.join(', ')}`;
+}
+
 /** " · 2 dtype refused" / " · dtypes not judged" (simulated targets), else "". */
 export function dtypeText(payload: Pick<IRoutingPayload, 'dtypes'>): string {
   const d = payload.dtypes;
@@ -179,6 +195,9 @@ export function tooltipText(payload: IRoutingPayload, topFallbacks = 5): string 
     }
   } else if (d && !d.judged) {
     lines.push(`Dtypes not judged: ${d.note}`);
+  }
+  if (payload.compiled) {
+    lines.push(payload.compiled.line, ...payload.compiled.details.map(d => d.trim()));
   }
   const costs = [`cell ${formatMs(payload.wall_ms)}`];
   if (payload.op_time_ms !== null) {

@@ -74,6 +74,18 @@ export interface IDtypes {
   findings: IDtypeFinding[];
 }
 
+/** What torch.compile compiled in the cell (its ops are not in `counts`). */
+export interface ICompiled {
+  /** "compiled: 1 graph (f, cell [3], line 2), 0 graph breaks; ops inside compiled code are not counted per op" */
+  line: string;
+  /** Graph breaks with their lines, recompiles, failures. */
+  details: string[];
+  graphs: number;
+  graph_breaks: number;
+  recompiles: number;
+  failures: number;
+}
+
 /** One cell's routing: schema `torch-adapter.cell-routing`, version 1. */
 export interface IRoutingPayload {
   schema: string;
@@ -104,6 +116,8 @@ export interface IRoutingPayload {
   session_id?: string | null;
   /** Simulated targets only (null or absent otherwise). */
   dtypes?: IDtypes | null;
+  /** Only where torch.compile compiled in the cell. */
+  compiled?: ICompiled | null;
 }
 
 export type ParseResult =
@@ -188,6 +202,20 @@ function readDtypes(value: unknown): IDtypes | null {
   };
 }
 
+function readCompiled(value: unknown): ICompiled | null {
+  if (!isDict(value) || typeof value.line !== 'string') {
+    return null;
+  }
+  return {
+    line: value.line,
+    details: Array.isArray(value.details) ? value.details.filter((d): d is string => typeof d === 'string') : [],
+    graphs: isCount(value.graphs) ? value.graphs : 0,
+    graph_breaks: isCount(value.graph_breaks) ? value.graph_breaks : 0,
+    recompiles: isCount(value.recompiles) ? value.recompiles : 0,
+    failures: isCount(value.failures) ? value.failures : 0
+  };
+}
+
 function numberOrNull(value: unknown): number | null {
   return typeof value === 'number' && Number.isFinite(value) ? value : null;
 }
@@ -242,6 +270,10 @@ export function parsePayload(data: unknown): ParseResult {
   const dtypes = readDtypes(data.dtypes);
   if (dtypes) {
     payload.dtypes = dtypes; // optional: only simulated targets send it
+  }
+  const compiled = readCompiled(data.compiled);
+  if (compiled) {
+    payload.compiled = compiled; // optional: only cells in which torch.compile compiled
   }
   const warning =
     version > VERSION

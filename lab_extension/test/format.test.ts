@@ -4,6 +4,7 @@ import { describe, it } from 'node:test';
 import {
   badgeLevel,
   badgeText,
+  compiledText,
   dtypeText,
   formatBytes,
   formatCount,
@@ -138,6 +139,17 @@ describe('tooltip', () => {
     assert.equal(dtypeText(unjudged), ' · dtypes not judged');
     assert.match(tooltipText(unjudged), /\nDtypes not judged: no dtype data/);
     assert.equal(dtypeText(payload()), '');
+  });
+
+  it('says what torch.compile compiled in the cell, in the pill and its tooltip', () => {
+    const line = 'compiled: 1 graph (f, cell [3], line 2), 1 graph break; ops inside compiled code are not counted per op';
+    const compiled = payload({
+      compiled: { line, details: ['  graph break at cell [3], line 4: print()'], graphs: 2, graph_breaks: 1, recompiles: 0, failures: 0 }
+    });
+    assert.equal(compiledText(compiled), ' · compiled 2 graphs, 1 break');
+    assert.ok(tooltipText(compiled).includes(`\n${line}\ngraph break at cell [3], line 4: print()\n`));
+    assert.equal(compiledText(payload()), '');
+    assert.doesNotMatch(tooltipText(payload()), /compiled/);
   });
 
   it('writes a fallback line with its cell-relative site', () => {

@@ -17,6 +17,15 @@ describe('parsePayload', () => {
     assert.deepEqual(result, { ok: true, payload: p, warning: null });
   });
 
+  it('keeps what compiled, and reads a malformed entry as nothing compiled', () => {
+    const compiled = { line: 'compiled: 1 graph (f, cell [3], line 2), 0 graph breaks', details: [], graphs: 1, graph_breaks: 0, recompiles: 0, failures: 0 };
+    const read = parsePayload({ ...payload(), compiled });
+    assert.ok(read.ok && read.payload.compiled);
+    assert.deepEqual(read.ok ? read.payload.compiled : null, compiled);
+    const malformed = parsePayload({ ...payload(), compiled: { graphs: 'many' } });
+    assert.ok(malformed.ok && malformed.payload.compiled === undefined);
+  });
+
   it('names the key, the expectation and what it got', () => {
     assert.equal(error(null), 'expected a routing payload object; got null');
     assert.equal(error([1]), 'expected a routing payload object; got an array');

@@ -177,8 +177,8 @@ class CellRouter:
         try:
             wall_ms = (time.perf_counter() - self._t0) * 1e3
             log = self._stop()
-            if log is None or sum(log.summary().values()) == 0:
-                return  # a cell that ran no aten op publishes nothing
+            if log is None or (sum(log.summary().values()) == 0 and not log.compiled()):
+                return  # a cell that ran no aten op and compiled nothing publishes nothing
             self.last_log = log
             self.cells += 1
             self.session_log.merge(log)

@@ -1,6 +1,6 @@
 """The kernel → front-end contract: one versioned payload per cell, in one place.
 
-The same dict travels two ways after each cell that ran aten ops:
+The same dict travels two ways after each cell that ran aten ops (or compiled):
 
 - a display output whose bundle holds it under :data:`MIME`
   (``application/vnd.torch-adapter.routing+json``) with ``text/html`` and ``text/plain``
@@ -25,9 +25,13 @@ routes and no ``top_yours``/``top_refused``)::
      "session_id": "3f2a9c0d1b7e",   # one per %load_ext: totals count only the current session's cells
      "dtypes": {"judged": true, "note": "", "calls": 1,              # simulated targets only
                 "findings": [{"op": "aten::empty.memory_format", "dtype": "float64", "calls": 1,
-                              "message": "...", "code": "TA-D001", "site": "cell [4], line 1" | null}]}}
+                              "message": "...", "code": "TA-D001", "site": "cell [4], line 1" | null}]},
+     "compiled": {"line": "compiled: 1 graph (update, cell [5], line 1), 0 graph breaks; ...",  # when it did
+                  "details": ["  graph break at ...: ..."], "graphs": 1, "graph_breaks": 0,
+                  "recompiles": 0, "failures": 0}}
 
-``code`` is the reason's stable code (docs/reasons.md; added within version 2: older front ends ignore
+``compiled`` (added within version 2) says what torch.compile compiled in the cell (routing/compiled.py):
+ops inside compiled code are not in ``counts``. ``code`` is the reason's stable code (docs/reasons.md; added within version 2: older front ends ignore
 it). ``dtypes`` is a finding kind of its own, never a route: calls the real target refuses for their
 dtype (``configure(dtype_check="record")``); ``judged`` false says the profile has no dtype data.
 
@@ -88,7 +92,22 @@ def build_payload(log: Any, *, cell_id: str | None, execution_count: int | None,
         "bytes_copied": int(log.bytes_copied),
         "session": dict(session_totals), "session_id": session_id,
         **_dtypes(log, top),
+        **_compiled(log),
     }
+
+
+def _compiled(log: Any) -> dict[str, Any]:
+    """The payload's ``compiled`` entry where torch.compile compiled in the cell (routing/compiled.py):
+    its summary line and detail lines (graph breaks with their lines, recompiles, failures), and the
+    counts the front end shows; absent when nothing compiled."""
+    facts = log.compiled() if hasattr(log, "compiled") else None
+    if not facts:
+        return {}
+    from ..routing.compiled import detail_lines, summary_line
+
+    return {"compiled": {"line": summary_line(facts), "details": detail_lines(facts),
+                         "graphs": int(facts.get("graphs", 0)), "graph_breaks": int(facts.get("graph_break_count", 0)),
+                         "recompiles": int(facts.get("recompile_count", 0)), "failures": len(facts.get("failures", []))}}
 
 
 def _dtypes(log: Any, top: int) -> dict[str, Any]:
@@ -145,6 +164,9 @@ def render_text(payload: dict[str, Any]) -> str:
                  f"{f.get('code', 'TA-D001')} {f['message']}")
     if d and not d["judged"]:
         line += f"\n  dtypes not judged: {d['note']}"
+    compiled = payload.get("compiled")
+    if compiled:
+        line += "".join(f"\n  {text}" for text in [compiled["line"], *compiled["details"]])
     return line
 
 
@@ -166,7 +188,16 @@ def render_html(payload: dict[str, Any]) -> str:
         f"<b>torch_adapter</b> [{html.escape(_label(payload))}] "
         f"{html.escape(counts_text(c))}{html.escape(_dtype_text(payload))}"
         f'<div style="width:240px;background:#eee">{bar}</div>'
-        f"{'<ul style=margin:2px>' + tips + '</ul>' if tips else ''}</div>")
+        f"{'<ul style=margin:2px>' + tips + '</ul>' if tips else ''}{_compiled_html(payload)}</div>")
+
+
+def _compiled_html(payload: dict[str, Any]) -> str:
+    compiled = payload.get("compiled")
+    if not compiled:
+        return ""
+    details = "".join(f"<li>{html.escape(t.strip())}</li>" for t in compiled["details"])
+    return (f"<div class='torch-adapter-compiled'>{html.escape(compiled['line'])}"
+            f"{'<ul style=margin:2px>' + details + '</ul>' if details else ''}</div>")
 
 
 def bundle(payload: dict[str, Any]) -> dict[str, Any]:
