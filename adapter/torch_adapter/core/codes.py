@@ -197,6 +197,13 @@ _TABLE = [
          "accepted and does nothing here (the CPU runs ops synchronously and has no CUDA caching allocator).",
          "The call manages a CUDA runtime the target does not have; nothing the program computes depends on it.",
          "Nothing; remove the call if the port no longer targets CUDA.", "torch.cuda.synchronize() on the CPU"),
+    Code("TA-X015", "changed", "an op torch refuses on the CPU, run by torch's exact reference implementation",
+         "flex_attention with inputs that require grad: torch refuses its backward on the CPU (where the target's "
+         "tensors live); torch's own dense forward and backward (sdpa_dense, sdpa_dense_backward) ran instead.",
+         "The program was written for a GPU, where FlexAttention has a backward kernel.",
+         "Nothing for correctness; for long sequences mind the memory of a full L×S score matrix per head. Under "
+         "torch.compile call the attention outside the compiled region (@torch.compiler.disable).",
+         "flex_attention(q, k, v) with q.requires_grad on the CPU"),
     Code(UNCLASSIFIED, "", "unclassified",
          "A reason the table does not name yet: a defect of torch_adapter (tests/test_reason_codes.py walks every "
          "reason so none should reach you).",
@@ -271,7 +278,7 @@ def redirect_code(kind: str, asked: str, became: str) -> str:
         return "TA-X013" if became.startswith(("ignored", "no equivalent")) else "TA-X011"
     return {"device": "TA-X001", "jit": "TA-X001", "probe": "TA-X004", "namespace": "TA-X005",
             "compile": "TA-X006", "graph": "TA-X007", "profiler": "TA-X009", "sdpa": "TA-X010",
-            "distributed": "TA-X012"}.get(kind, UNCLASSIFIED)
+            "distributed": "TA-X012", "host_limit": "TA-X015"}.get(kind, UNCLASSIFIED)
 
 
 def redirect_class(code: str) -> str:

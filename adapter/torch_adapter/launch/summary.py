@@ -19,7 +19,7 @@ MAX_LINES = 40
 WIDTH = 100
 _SHOWN = {"fallback": 6, "refused": 4, "dtype": 3, "redirect": 6}
 # How each redirect kind is named in one line (redirect/log.py's kinds; others by their own name).
-_KIND_WORDS = {"device": "device strings and .cuda()", "namespace": "torch.cuda.* calls", "amp": "autocast / GradScaler",
+_KIND_WORDS = {"device": "device strings and .cuda()", "namespace": "torch.cuda.* calls", "host_limit": "ops torch refuses on the CPU", "amp": "autocast / GradScaler",
                "distributed": "process groups (nccl)", "env": "CUDA environment variables",
                "dataloader": "DataLoader pin_memory", "probe": "library probes (flash-attn, xformers, ...)",
                "low_precision": "float16 computed in another dtype"}

@@ -9,7 +9,7 @@ __all__ = ["apply_all"]
 
 def apply_all(session: Any) -> None:
     from . import (accelerator, amp, compiling, cuda_bindings, cuda_ns, custom_ops, devices, distributed,
-                   dtensor_rules, env, probes, torch_tables, torchscript)
+                   dtensor_rules, env, host_limits, probes, torch_tables, torchscript)
     from .log import remember
 
     session.redirect_log.enabled = session.config.log_redirects
@@ -27,5 +27,6 @@ def apply_all(session: Any) -> None:
     dtensor_rules.apply(session)
     env.apply(session)
     probes.apply(session)
+    host_limits.apply(session)
     torchscript.apply(session)  # registers every wrapper patched in above as TorchScript's builtin
     torch_tables.register(session)  # after every patch: the stand-ins beside torch's functions

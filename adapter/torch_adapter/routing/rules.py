@@ -105,6 +105,10 @@ DECLINED_DECOMPOSITIONS: dict[str, tuple[Any, str]] = {
 # tensor lives, with or without a backend kernel.
 METADATA_OPS: dict[str, str] = {
     "aten::size.int": "reads the shape",
+    # TorchScript's tensor-attribute primitives (graphs dynamo's eager backend runs call them: FlexAttention's
+    # wrapper asks prim::device): answered from the tensor, no kernel on any device
+    "prim::device": "reads the device", "prim::dtype": "reads the dtype", "prim::layout": "reads the layout",
+    "prim::is_cuda": "reads the device", "prim::requires_grad": "reads a flag", "prim::data": "the tensor's data",
     "aten::stride.int": "reads the strides",
     "aten::sym_size.int": "reads the shape",
     "aten::sym_stride.int": "reads the strides",

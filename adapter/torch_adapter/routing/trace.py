@@ -39,9 +39,14 @@ from .log import RoutingLog
 
 __all__ = ["trace", "Recorder", "active_logs"]
 
+_OpOverload: Any = None  # torch._ops' classes, read when the recorder class is first built
+_HigherOrderOperator: Any = None
+
 
 def _recorder_class() -> type:
+    global _OpOverload, _HigherOrderOperator
     base = dispatch_mode_base()
+    from torch._ops import HigherOrderOperator as _HigherOrderOperator, OpOverload as _OpOverload
 
     class Recorder(base):  # type: ignore[misc, valid-type]
         """Counts every op reaching the Python dispatch key into ``self.logs``."""
@@ -62,7 +67,15 @@ def _recorder_class() -> type:
             # extension-cpp's compile test) and a plain torch.compile ran eager: the report changed the run
             return True
 
+        # Higher-order operators (flex_attention, cond, while_loop...) reach __torch_dispatch__ too: without
+        # this torch refused them under observation ("no rule registered for HigherOrderOperator
+        # flex_attention and mode Recorder") — `run --report` broke a program that runs without it. One
+        # runs as it would unobserved (the mode is off while it runs, so its inner ops are not counted).
+        supports_higher_order_operators = True
+
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if type(func) is not _OpOverload and isinstance(func, _HigherOrderOperator):
+                return func(*args, **(kwargs or {}))
             if not self.logs or internal_active():  # no block listening (a followed thread that outlived
                 if self.retired:                      # its trace()), or torch_adapter's own work: not recorded
                     self._leave_soon()
