@@ -9,6 +9,11 @@ on ``torch._C`` and answers with the target's semantics (on the CPU target: one 
 stream, so selecting any stream is exact; a logical device index). Bindings torch already has
 are left alone, and every one is removed at uninstall.
 
+Audited (2026-12, the installed bitsandbytes, DeepSpeed, accelerate, transformers, diffusers,
+Lightning, torchmetrics; ``grep torch._C._cuda_``): bitsandbytes binds ``_cuda_getCurrentRawStream``
+at import and calls it per CUDA kernel; Lightning calls ``_cuda_clearCublasWorkspaces``; accelerate's
+notebook checks ``_cuda_isInBadFork`` — each answered here; the others call none.
+
 Deliberately *not* answered: ``_cuda_getDeviceCount`` — ``torch.cuda._is_compiled()`` tests
 for it, and answering it would make torch's own Python take CUDA-build paths that call
 bindings which do not exist (docs/cuda-namespace.md, "Private bindings").
@@ -38,6 +43,12 @@ BINDINGS: dict[str, str] = {
     "_cuda_resetCublasWorkspaceSize": "no-op",
     "_cuda_resetCublasLtWorkspaceSize": "no-op",
     "_cuda_cudaCachingAllocator_is_enabled": "False (no CUDA caching allocator: tests that need one skip)",
+    # bitsandbytes binds it at import (bitsandbytes/backends/cuda/ops.py, `import bitsandbytes` with
+    # torch.cuda.is_available() True) to hand CUDA kernels their stream; those kernels are registered for
+    # CUDA tensors only, so on the target the raw stream is never passed to one
+    "_cuda_getCurrentRawStream": "the current stream's handle: 0 (the target's one stream; no cudaStream_t)",
+    # accelerate's notebook launcher checks asserts it before forking ranks
+    "_cuda_isInBadFork": "False (no CUDA context a fork could break)",
 }
 
 
@@ -80,6 +91,8 @@ def bindings(session: Any) -> dict[str, Callable[..., Any]]:
         "_cuda_resetCublasWorkspaceSize": lambda: None,
         "_cuda_resetCublasLtWorkspaceSize": lambda: None,
         "_cuda_cudaCachingAllocator_is_enabled": lambda: False,
+        "_cuda_getCurrentRawStream": lambda device_index=0: 0,
+        "_cuda_isInBadFork": lambda: False,
     }
 
 
