@@ -77,7 +77,7 @@ class Engine:
         self._config: Any = None  # the last config applied
         self.overrides: dict[str, RouteDecision] = {}
         self._libs: dict[str, Any] = {}
-        self._originals: dict[str, Any] = {}  # op -> the host kernel our override replaced
+        self._originals: dict[Any, Any] = {}  # op (or (op, autograd key)) -> the host kernel our override replaced
         self._lock = threading.RLock()
         from .dtype_check import DtypeCheck
 
@@ -126,7 +126,8 @@ class Engine:
             if needed and self._libs and (not overridden or key == self.key):
                 # one kernel more, on top of the op's kernels now (the program's new one included); the
                 # other overrides stay (deciding every op again costs ~20 ms a registration)
-                self._originals.pop(name, None)
+                for held in [k for k in self._originals if k == name or (isinstance(k, tuple) and k[0] == name)]:
+                    del self._originals[held]
                 self._register_overrides({name: (fresh, tp.resolve_op(name))})
             elif needed != overridden:
                 self._install()  # an override no longer needed: every op's, again
@@ -234,12 +235,30 @@ class Engine:
 
     def _register_overrides(self, decided: dict[str, tuple[RouteDecision, Any]]) -> None:
         for name, (d, op) in decided.items():
+            above = self._autograd_key(d)
             if name not in self._originals:  # fetched before our first kernel for it sits on top
                 self._originals[name] = tp.host_kernel(name, self.key)
+            if above is not None and (name, above) not in self._originals:  # (the backend's kernel changes it)
+                self._originals[(name, above)] = tp.host_kernel(name, above)
             original = self._originals[name]
             ns = name.partition("::")[0]
             lib = self._libs.get(ns) or self._libs.setdefault(ns, tp.kernel_library(ns))
             tp.register_python_kernel(lib, name, self._kernel(d, op, original), self.key)
+            if above is not None:
+                # An op that decomposes above autograd (CompositeImplicitAutograd: einsum) has no backward
+                # of its own: a kernel at the backend key alone took the op out of autograd (torch's "an
+                # autograd kernel was not registered" fallback; its gradient lost under `run --report`).
+                # Sent to the CPU (a profile's or configure(force_cpu=...)'s forced fallback), it runs one
+                # level up, where its copies to and from the CPU and its pieces there are recorded for backward.
+                tp.register_python_kernel(lib, name, self._kernel(d, op, self._originals[(name, above)]), above)
+
+    def _autograd_key(self, d: RouteDecision) -> str | None:
+        """The autograd key above the target's backend key for a CPU-bound CompositeImplicitAutograd op
+        (None for every other op: their kernels below autograd have derivatives of their own)."""
+        if d.route not in (Route.FALLBACK, Route.REFUSED) or not tp.has_kernel_for_key(d.op, ops_table.COMPOSITE_IMPLICIT):
+            return None
+        key = f"Autograd{self.key}"
+        return key if hasattr(self._torch._C.DispatchKey, key) else None
 
     # -- execution ---------------------------------------------------------------------------
     def _kernel(self, d: RouteDecision, op: Any, original: Any) -> Callable[..., Any]:
