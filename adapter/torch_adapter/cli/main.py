@@ -25,7 +25,7 @@ __all__ = ["main", "build_parser"]
 
 # Modules that add a sub-command with `register(subparsers)`.
 _PLUGINS = ("torch_adapter.check.cli", "torch_adapter.coverage.cli", "torch_adapter.cli.memory", "torch_adapter.cli.build",
-            "torch_adapter.cli.export")
+            "torch_adapter.cli.export", "torch_adapter.cli.report", "torch_adapter.cli.fix")
 
 
 def _add_run(sub: Any) -> None:

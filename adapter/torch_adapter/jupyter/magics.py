@@ -56,7 +56,14 @@ class AdapterMagics(Magics):
         ``%adapter observe on|off``           pause or resume per-cell routing reports
         ``%adapter dtypes raise|record|off``  simulated targets: a dtype the real one refuses raises its
                                               error, is recorded (every call listed), or is not checked
+        ``%adapter fix [--apply]``            the last cell's fallbacks and refusals as a verified patch
+                                              of the cell (jupyter/fixing.py); --apply: the next input
         """
+        if line.split()[:1] == ["fix"]:  # its own options: jupyter/fixing.py
+            from .fixing import fix_magic
+
+            fix_magic(self.shell, self.router, line.strip()[3:])
+            return None
         args = parse_argstring(self.adapter, line)
         from ..errors import AdapterError, did_you_mean
         from ..session import configure

@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from typing import Any
 
 from ..core.patching import bindings
@@ -52,9 +53,15 @@ def _group() -> tuple[int, int] | None:
 
 
 def _rank_and_world(record: dict[str, Any]) -> tuple[int | None, int | None]:
-    """``RANK``/``WORLD_SIZE``, else the live process group, else the one noted at its init."""
+    """``RANK``/``WORLD_SIZE`` (or another launcher's: ``OMPI_COMM_WORLD_RANK``, …, core/launcher_env.py),
+    else the live process group, else the one noted at its init."""
+    from ..core.launcher_env import ranks
+
     group = _group() or record.get("group")
     rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    if rank is None:
+        found = ranks()
+        rank, world = found["rank"], found["world_size"]
     if rank is None and group:
         rank, world = group[0], world if world is not None else group[1]
     return rank, world
@@ -131,8 +138,13 @@ def start(options: dict[str, Any], session: Any) -> None:
     folder = options.get("announce")
     if not folder or not os.path.isdir(folder):
         return
+    from ..core.launcher_env import ranks
+
+    started = time.monotonic()
     record: dict[str, Any] = {"pid": os.getpid(), "ppid": os.getppid(), "argv": list(sys.argv), "state": "started",
-                              "rank": None, "role": "main", "target": session.target.label}
+                              "rank": None, "role": "main", "target": session.target.label, "launch": ranks()}
+    if record["launch"]["launcher"] is not None:  # a launcher's rank: named so even if it never reports at exit
+        record["rank"], record["world_size"] = _rank_and_world(record)
     _write(folder, record)
     _remember_group(session, folder, record)
     tracer = log = None
@@ -149,7 +161,8 @@ def start(options: dict[str, Any], session: Any) -> None:
             if tracer is not None:
                 tracer.__exit__(None, None, None)
             rank, world = _rank_and_world(record)
-            record.update(state="finished", argv=list(sys.argv), rank=rank, role=_role(), world_size=world)
+            record.update(state="finished", argv=list(sys.argv), rank=rank, role=_role(), world_size=world,
+                          seconds=round(time.monotonic() - started, 3))
             if log is not None and record["role"] == "main":
                 record["routing"] = log.to_dict()
                 record["redirects"] = session.redirect_log.to_json()["entries"]
@@ -202,8 +215,15 @@ def merged_payload(records: list[dict[str, Any]], parent: dict[str, Any] | None 
     payload["redirects"] = [*(parent or {}).get("redirects", []),
                             *({**e, "process": label(r)} for r in reported(records) for e in r.get("redirects", []))]
     payload["processes"] = [{"label": label(r), **{k: r.get(k) for k in ("pid", "rank", "role", "argv", "state")},
-                             "summary": r.get("routing", {}).get("summary")} for r in records]
+                             "summary": r.get("routing", {}).get("summary"), **_launch_facts(r)} for r in records]
     return payload
+
+
+def _launch_facts(record: dict[str, Any]) -> dict[str, Any]:
+    """Where a child ran in its job (launcher, node, local rank) and its time: the ``processes`` row's extra keys."""
+    launch = record.get("launch") or {}
+    return {"world_size": record.get("world_size"), "seconds": record.get("seconds"),
+            **{k: launch.get(k) for k in ("launcher", "node", "node_rank", "local_rank", "local_world_size")}}
 
 
 def _recorded_redirects(rows: list[dict[str, Any]]) -> Any:

@@ -21,13 +21,23 @@ import subprocess
 import sys
 from typing import Any
 
-__all__ = ["LAUNCHERS", "find", "run_launcher"]
+__all__ = ["LAUNCHERS", "RANK_LAUNCHERS", "find", "run_launcher"]
 
 # console script -> what it starts (docs/launchers.md)
 LAUNCHERS: dict[str, str] = {
     "accelerate": "accelerate launch: one Python process per rank (torchrun's agent, or python SCRIPT)",
     "torchrun": "torchrun: one Python process per rank (torch.distributed.elastic)",
     "deepspeed": "deepspeed: one Python process per rank (its launcher, then torch.distributed)",
+}
+
+# programs (not Python console scripts) that start the ranks of a job: they run as a subprocess with
+# this environment; the ranks they start on this machine inherit it (docs/launchers.md, "Past one machine")
+RANK_LAUNCHERS: dict[str, str] = {
+    "mpiexec": "MPI (Open MPI, MPICH): one process per rank; ranks on other hosts get only the variables "
+               "it is told to pass (Open MPI: -x TORCH_ADAPTER_AUTOINSTALL)",
+    "mpirun": "MPI, as mpiexec",
+    "orterun": "Open MPI, as mpiexec",
+    "srun": "SLURM: one process per task; the job's environment is passed to every node by default",
 }
 
 
@@ -62,7 +72,7 @@ def run_launcher(argv: list[str], how: tuple[str, Any], settings: dict[str, Any]
 
     name = os.path.basename(argv[0])
     kind, what = how
-    if name not in LAUNCHERS:
+    if name not in LAUNCHERS and name not in RANK_LAUNCHERS:
         _say(f"{name!r} is not a launcher the adapter knows ({', '.join(LAUNCHERS)}). It runs unadapted; "
              f"the Python processes it starts in this environment are adapted (TORCH_ADAPTER_AUTOINSTALL); "
              f"programs that are not Python, or Python without torch_adapter installed, are not.")
@@ -78,10 +88,39 @@ def run_launcher(argv: list[str], how: tuple[str, Any], settings: dict[str, Any]
             os.environ[ENV_VAR] = old
     records = _child_report.collect(folder)
     _summarise(name, records)
+    job, node = _node_job(name, argv, records, code)
     if report or report_json:
-        write(records, report, report_json)
+        write(records, report, report_json, job=job, node=node)
     shutil.rmtree(folder, ignore_errors=True)
+    if job is not None and job["unadapted"]:
+        from .job import EXIT_UNADAPTED
+
+        for u in job["unadapted"]:
+            _say(f"error: {u['label']} did not run adapted: {u['why']}. Fix: keep TORCH_ADAPTER_AUTOINSTALL in "
+                 f"every rank's environment (a wrapper that clears it, `env -i`, another interpreter drop it), "
+                 f"or launch `-m torch_adapter run` as each rank's program.")
+        if code == 0:
+            return EXIT_UNADAPTED
     return code
+
+
+def _node_job(name: str, argv: list[str], records: list[dict[str, Any]],
+              code: int) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """This node's ranks as a job report (launch/job.py) — None when the launcher started no ranks
+    the adapter can count — and the node itself (the ``node`` entry of --report-json)."""
+    from ..core.launcher_env import node_name
+    from .job import build, expected_local, missing_on_node, rank_entry
+
+    ranked = [rank_entry(r) for r in records if r.get("role") == "main"
+              and (r.get("rank") is not None or (r.get("launch") or {}).get("local_rank") is not None)]
+    expected = expected_local(argv) if (name in LAUNCHERS or name in RANK_LAUNCHERS) else None
+    here = node_name()
+    node = {"node": here, "launcher": name, "argv": list(argv), "expected_local_ranks": expected, "exit_code": code}
+    if not ranked and expected is None:
+        return None, node
+    for r in ranked:
+        r["node"] = r.get("node") or here
+    return build(ranked, missing_on_node(ranked, expected, here, name), whole_job=False), node
 
 
 def _run(argv: list[str], kind: str, what: Any) -> int:

@@ -14,18 +14,34 @@ __all__ = ["write"]
 
 
 def write(records: list[dict[str, Any]], to_terminal: bool | str, json_path: str | None, *,
-          session: Any = None, log: Any = None) -> None:
+          session: Any = None, log: Any = None, job: dict[str, Any] | None = None, node: dict[str, Any] | None = None,
+          seconds: float | None = None) -> None:
     """``records``: the children's reports; ``session``/``log``: this process's own, when it ran
     the script (``run SCRIPT``), None when it only launched others (``run torchrun ...``).
     ``to_terminal``: False, ``"summary"`` (True too: launch/summary.py, one screen) or ``"full"``
-    (every table)."""
+    (every table). ``job``/``node``: a launcher run's ranks on this node (launch/job.py) and the node
+    itself; ``seconds``: how long this process's script ran (a rank's own report under a launcher)."""
     reported = _child_report.reported(records)
     if json_path:
-        _write_json(records, reported, json_path, session, log)
+        _write_json(records, reported, json_path, session, log, job=job, node=node, seconds=seconds)
     if to_terminal == "full":
         _render(records, reported, session, log)
     elif to_terminal:
         _render_summary(records, reported, session, log)
+    if to_terminal and job is not None:
+        _render_job(job, full=to_terminal == "full")
+
+
+def _render_job(job: dict[str, Any], *, full: bool) -> None:
+    """A launcher run's ranks: the table (``--report full``, or a rank that differs or did not run
+    adapted), else nothing more than the lines above (each rank's counts)."""
+    from rich.console import Console
+
+    from .job import render
+
+    if full or job["stragglers"] or job["unadapted"]:
+        render(job, Console(file=sys.stderr, width=None if sys.stderr.isatty() else 140),
+               title="torch_adapter, this node's ranks")
 
 
 def _render_summary(records: list[dict[str, Any]], reported: list[dict[str, Any]], session: Any, log: Any) -> None:
@@ -60,7 +76,8 @@ def _render_summary(records: list[dict[str, Any]], reported: list[dict[str, Any]
 
 
 def _write_json(records: list[dict[str, Any]], reported: list[dict[str, Any]], json_path: str,
-                session: Any, log: Any) -> None:
+                session: Any, log: Any, *, job: dict[str, Any] | None = None, node: dict[str, Any] | None = None,
+                seconds: float | None = None) -> None:
     from ..core.callsite import relative_sites
     from ..core.safe_io import OutputError, write_text
 
@@ -71,10 +88,34 @@ def _write_json(records: list[dict[str, Any]], reported: list[dict[str, Any]], j
         payload["redirects"] = session.redirect_log.to_json()["entries"]
         if reported:
             payload = _child_report.merged_payload(records, payload)
+        own = _own_rank(session, log, seconds)
+        if own is not None:
+            payload["process"] = own
+    if node is not None:
+        payload["node"] = node
+    if job is not None:
+        payload["job"] = job
     try:
         write_text(json_path, json.dumps(relative_sites(payload), indent=1), call="torch-adapter run --report-json")
     except OutputError as exc:  # the path changed while the script ran: say so, keep its exit code
         print(exc, file=sys.stderr)
+
+
+def _own_rank(session: Any, log: Any, seconds: float | None) -> dict[str, Any] | None:
+    """This process as one rank of a job (``torchrun … -m torch_adapter run``): the entry ``report
+    merge`` reads (launch/job.py); None outside a launcher."""
+    import os
+
+    from ..core.launcher_env import ranks
+    from .job import rank_entry
+
+    where = ranks()
+    if where["rank"] is None:
+        return None
+    record = {"rank": where["rank"], "world_size": where["world_size"], "pid": os.getpid(), "state": "finished",
+              "target": session.target.label, "seconds": None if seconds is None else round(seconds, 3),
+              "launch": where, "routing": log.to_dict() if log is not None else {}}
+    return {**rank_entry(record), "label": _child_report.label(record)}
 
 
 def _render(records: list[dict[str, Any]], reported: list[dict[str, Any]], session: Any, log: Any) -> None:

@@ -58,8 +58,14 @@ def _print_user_traceback(exc: BaseException) -> None:
 
 
 def report_path(path: str) -> str:
-    """``--report-json`` with ``{rank}`` replaced by this process's rank (``$RANK``, else 0)."""
-    return path.replace("{rank}", os.environ.get("RANK", "0"))
+    """``--report-json`` with ``{rank}`` replaced by this process's rank (``$RANK``, or another launcher's:
+    ``OMPI_COMM_WORLD_RANK``, …; else 0) and ``{node}`` by its node's name (``TORCH_ADAPTER_NODE``, else
+    the host name)."""
+    from ..core.launcher_env import ranks
+
+    where = ranks()
+    rank = os.environ.get("RANK") or (str(where["rank"]) if where["rank"] is not None else "0")
+    return path.replace("{rank}", rank).replace("{node}", where["node"])
 
 
 def _script_problem(script: str) -> str | None:
@@ -120,6 +126,8 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
 
         how = find(script)
         if how is not None:
+            if gate is None or not gate.active:  # no gate: no temporary routing log, no ops recorded for one
+                return _run_launcher([script, *args], how, target, simulate, report, report_json, options)
             with _gated(gate, report_json) as (json_path, judge):
                 return judge(_run_launcher([script, *args], how, target, simulate, report, json_path, options))
     problem = None if module else _script_problem(script)
@@ -157,6 +165,9 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
         # the recorder (not the sampling-free C++ observer) so that every op has its call site
         tracer = trace(use_observer=False, threads=True)  # the script's threads are counted too
         log = tracer.__enter__()
+    import time
+
+    started = time.monotonic()
     old_argv, old_path0 = sys.argv[:], sys.path[0] if sys.path else None
     sys.argv = [script, *args]
     sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(script))  # as `python [-m]` does
@@ -191,7 +202,8 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
         if tracer is not None:
             tracer.__exit__(None, None, None)
         if report or report_json:
-            _report(session, log if tracer is not None else None, report, report_json, children)
+            _report(session, log if tracer is not None else None, report, report_json, children,
+                    seconds=time.monotonic() - started)
         if judge is not None:  # the gate decides the code before the exit guard is armed with it
             code = judge(code)
         if exit_guard:
@@ -336,7 +348,7 @@ def _run_launcher(argv: list[str], how: Any, target: str, simulate: bool, report
         if report_json:  # checked before anything runs, as for a script
             from ..core.safe_io import check_output
 
-            report_json = str(check_output(report_json, call="torch-adapter run --report-json"))
+            report_json = str(check_output(report_path(report_json), call="torch-adapter run --report-json"))
         settings = install(target, simulate=simulate, propagate=True, **options).settings()
     except AdapterError as exc:
         print(f"torch-adapter run: {exc}", file=sys.stderr)
@@ -346,7 +358,8 @@ def _run_launcher(argv: list[str], how: Any, target: str, simulate: bool, report
     return run_launcher(argv, how, settings, report=report, report_json=report_json)
 
 
-def _report(session: Any, log: Any, to_terminal: bool, json_path: str | None, children: str | None = None) -> None:
+def _report(session: Any, log: Any, to_terminal: bool, json_path: str | None, children: str | None = None,
+            seconds: float | None = None) -> None:
     import shutil
 
     from . import child_report as _child_report
@@ -355,4 +368,4 @@ def _report(session: Any, log: Any, to_terminal: bool, json_path: str | None, ch
     records = _child_report.collect(children) if children else []
     if children:
         shutil.rmtree(children, ignore_errors=True)
-    write(records, to_terminal, json_path, session=session, log=log)
+    write(records, to_terminal, json_path, session=session, log=log, seconds=seconds)

@@ -284,10 +284,9 @@ def _emulated(target: Any, simulate: bool) -> Target:
 
 def _local_devices() -> int:
     """Devices an emulated target starts with: one, or one per local rank under a launcher."""
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
+    from ..core.launcher_env import local_world_size  # LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, ...
+
+    return local_world_size()
 
 
 def _simulated(name: str) -> Target:
