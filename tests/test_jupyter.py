@@ -671,3 +671,21 @@ def test_a_cell_says_what_it_compiled(ip):
     (data,) = again
     assert "compiled" not in data[schema.MIME] and "compiled:" not in data["text/plain"]
     torch._dynamo.reset()
+
+
+def test_adapter_redirects_shows_the_migration_log_per_cell_line(ip):
+    """Issue 36, item 2 in a notebook: each rewritten call of the session once per site — its cell and
+    line, its source line, what it became, its class and code — as a table and as text."""
+    run(ip, "import torch\nx = torch.ones(3).cuda()\nfor _ in range(2):\n    torch.cuda.synchronize()\n")
+    view = ip.run_line_magic("adapter", "redirects")
+    rows = {r["asked"]: r for r in view.rows() if r["source"] in ("x = torch.ones(3).cuda()", "torch.cuda.synchronize()")}
+    cuda, sync = rows["Tensor.cuda()"], rows["torch.cuda.synchronize()"]
+    assert re.fullmatch(r"cell \[\d+\], line 2", cuda["site"]), cuda
+    assert (cuda["class"], cuda["code"], cuda["count"]) == ("changed", "TA-X001", 1)
+    assert re.fullmatch(r"cell \[\d+\], line 4", sync["site"]), sync
+    assert (sync["class"], sync["code"], sync["count"]) == ("dummy", "TA-X014", 2)
+    text = ip.display_formatter.format(view)[0]["text/plain"]
+    assert f"{cuda['site']}: Tensor.cuda() ×1 → cpu [TA-X001 changed]  | x = torch.ones(3).cuda()" in text
+    page = view._repr_html_()
+    assert "<code>x = torch.ones(3).cuda()</code>" in page and "title=\"docs/reasons.md#ta-x014\"" in page
+    assert "ipykernel" not in page and "/tmp/" not in text  # no kernel temp file names a cell

@@ -40,7 +40,8 @@ class AdapterMagics(Magics):
 
     # -- %adapter -----------------------------------------------------------------------
     @magic_arguments()
-    @argument("action", nargs="?", default="status", help="status (default) | target | policy | observe | dtypes")
+    @argument("action", nargs="?", default="status",
+              help="status (default) | target | policy | observe | dtypes | redirects | fix")
     @argument("value", nargs="?", help="the target name, the policy (allow|warn|error), on|off, or raise|record|off")
     @argument("--simulate", action="store_true", help="with `target`: simulate the target on this machine")
     @argument("--emulate", action="store_true",
@@ -58,6 +59,8 @@ class AdapterMagics(Magics):
                                               error, is recorded (every call listed), or is not checked
         ``%adapter fix [--apply]``            the last cell's fallbacks and refusals as a verified patch
                                               of the cell (jupyter/fixing.py); --apply: the next input
+        ``%adapter redirects``                the migration log: every rewritten call once per site, its
+                                              source line, class (same/changed/dummy) and code
         """
         if line.split()[:1] == ["fix"]:  # its own options: jupyter/fixing.py
             from .fixing import fix_magic
@@ -88,6 +91,15 @@ class AdapterMagics(Magics):
             self.router.session_log.simulated = session.target.simulated
             self.router.session_log.emulated = session.target.emulated
             return self._changed(f"torch_adapter: target {session.target.label}")
+        if args.action == "redirects":
+            from ..session import current
+            from .migration_view import MigrationView
+
+            session = current()
+            if session is None:
+                raise UsageError("%adapter redirects: expected an installed adapter, got none "
+                                 "(%load_ext torch_adapter installs it)")
+            return MigrationView(session.redirect_log, session.target.label)
         if args.action == "policy":
             _one_of("%adapter policy", args.value, ("allow", "warn", "error"))
             configure(fallback=args.value)
@@ -101,8 +113,8 @@ class AdapterMagics(Magics):
             configure(dtype_check=args.value)
             return self._changed(f"torch_adapter: dtype check {args.value}")
         raise UsageError(f"%adapter: unknown action {args.action!r}"
-                         f"{did_you_mean(args.action, ('status', 'target', 'policy', 'observe', 'dtypes'))}; expected "
-                         "status, target, policy, observe or dtypes (see %adapter?)")
+                         f"{did_you_mean(args.action, ('status', 'target', 'policy', 'observe', 'dtypes', 'redirects', 'fix'))}"
+                         "; expected status, target, policy, observe, dtypes, redirects or fix (see %adapter?)")
 
     def _changed(self, message: str) -> None:
         """Say what changed (a line of text, not a quoted string) and tell the front end."""
