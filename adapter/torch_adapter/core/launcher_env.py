@@ -70,8 +70,17 @@ def ranks(env: Any = None) -> dict[str, Any]:
 def local_world_size(env: Any = None) -> int:
     """How many ranks the launcher started on this node (1 outside a launcher): the CPU target's and
     the emulated device's device count, one device per local rank as on a GPU node."""
+    # Read without ranks(): torch.cuda.device_count() asks it inside compiled code, where dynamo cannot
+    # trace ranks()' socket.gethostname() (fullgraph=True failed: "function marked as skipped").
     env = os.environ if env is None else env
-    found = ranks(env)["local_world_size"]
+    found = None
+    for rank, _world, _local, local_world, _node in LAUNCHER_VARS.values():
+        if _int(rank, env) is not None:
+            found = _int(local_world, env)
+            break
     if found is None:  # a local size without its launcher's rank (LOCAL_WORLD_SIZE set alone): still the count
-        found = next((n for *_, lw, _n in LAUNCHER_VARS.values() if (n := _int(lw, env)) is not None), None)
+        for _rank, _world, _local, local_world, _node in LAUNCHER_VARS.values():
+            found = _int(local_world, env)
+            if found is not None:
+                break
     return max(1, found) if found else 1
