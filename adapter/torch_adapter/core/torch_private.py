@@ -189,6 +189,14 @@ def register_python_kernel(lib: Any, name: str, fn: Any, key: str) -> None:
         lib.impl(name.partition("::")[2], fn, key, with_keyset=True)
 
 
+def op_classes() -> tuple[type, type]:
+    """``(torch._ops.OpOverload, torch._ops.HigherOrderOperator)``: what a dispatch mode is handed (an
+    aten op, or a higher-order operator such as flex_attention)."""
+    from torch._ops import HigherOrderOperator, OpOverload
+
+    return OpOverload, HigherOrderOperator
+
+
 def dispatch_mode_base() -> type:
     """``torch.utils._python_dispatch.TorchDispatchMode`` (the base of op recorders)."""
     from torch.utils._python_dispatch import TorchDispatchMode

@@ -77,19 +77,23 @@ class RedirectLog:
             return
         try:
             frame, lib = site_frames(depth - 1)  # depth counts from record()'s caller
-            code = frame.f_code
-            lib_at = (lib.f_code.co_filename, lib.f_lineno) if lib is not None else None
-            key = (code.co_filename, frame.f_lineno, asked, lib_at)
-            with self._lock:  # threads redirect too: counts must not lose increments
-                row = self._rows.get(key)
-                if row is not None:
-                    row.count += 1
-                    return
-                library = None if lib is None else {"file": lib_at[0], "line": lib_at[1], "function": lib.f_code.co_name}
-                self._rows.setdefault(key, RedirectEntry(code.co_filename, frame.f_lineno, code.co_name,
-                                                         kind, asked, became, 0, library)).count += 1
+            self._count(frame, kind, asked, became, lib)
         except Exception:  # the log must never break user code
             return
+
+    def _count(self, frame: Any, kind: str, asked: str, became: str, lib: Any = None) -> RedirectEntry:
+        """One more call of ``asked`` at ``frame``'s line (through library frame ``lib``): its row."""
+        code = frame.f_code
+        lib_at = (lib.f_code.co_filename, lib.f_lineno) if lib is not None else None
+        key = (code.co_filename, frame.f_lineno, asked, lib_at)
+        with self._lock:  # threads redirect too: counts must not lose increments
+            row = self._rows.get(key)
+            if row is None:
+                library = None if lib is None else {"file": lib_at[0], "line": lib_at[1], "function": lib.f_code.co_name}
+                row = self._rows[key] = RedirectEntry(code.co_filename, frame.f_lineno, code.co_name, kind, asked,
+                                                      became, 0, library)
+            row.count += 1
+        return row
 
     def note(self, kind: str, asked: str, became: str) -> None:
         """A redirection with no call site (environment variables, install-time choices)."""
@@ -116,18 +120,12 @@ class RedirectLog:
     def first_call(self, kind: str, asked: str, became: str, frame: Any) -> RedirectEntry | None:
         """The row of a call made from ``frame`` (a function's direct caller), counted once; None where
         ``frame`` is not the user's own code (torch or a library asking for itself: not the program's
-        call to port). :meth:`counted` keeps later calls from the same line at a dict lookup."""
+        call to port). :attr:`calls` keeps later calls from the same instruction at a dict lookup."""
         from ..core.callsite import frame_kind
 
         code = frame.f_code
-        if not self.enabled or frame_kind(code.co_filename) != "user":
-            row = None
-        else:
-            key = (code.co_filename, frame.f_lineno, asked, None)
-            with self._lock:
-                row = self._rows.setdefault(key, RedirectEntry(code.co_filename, frame.f_lineno, code.co_name,
-                                                               kind, asked, became, 0, None))
-                row.count += 1
+        user = self.enabled and frame_kind(code.co_filename) == "user"
+        row = self._count(frame, kind, asked, became) if user else None
         self.calls[(id(code), frame.f_lasti, asked)] = (code, row)
         return row
 

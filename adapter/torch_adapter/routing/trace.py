@@ -29,7 +29,7 @@ import time
 import warnings
 from typing import Any, Callable, Iterator
 
-from ..core.torch_private import dispatch_mode_base
+from ..core.torch_private import dispatch_mode_base, op_classes
 from .choose import decide_name
 from .compiled import close_span as close_compile_span, open_span as open_compile_span
 from .dispatch_state import state
@@ -39,14 +39,10 @@ from .log import RoutingLog
 
 __all__ = ["trace", "Recorder", "active_logs"]
 
-_OpOverload: Any = None  # torch._ops' classes, read when the recorder class is first built
-_HigherOrderOperator: Any = None
-
 
 def _recorder_class() -> type:
-    global _OpOverload, _HigherOrderOperator
     base = dispatch_mode_base()
-    from torch._ops import HigherOrderOperator as _HigherOrderOperator, OpOverload as _OpOverload
+    op_overload, higher_order = op_classes()
 
     class Recorder(base):  # type: ignore[misc, valid-type]
         """Counts every op reaching the Python dispatch key into ``self.logs``."""
@@ -74,7 +70,7 @@ def _recorder_class() -> type:
         supports_higher_order_operators = True
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            if type(func) is not _OpOverload and isinstance(func, _HigherOrderOperator):
+            if type(func) is not op_overload and isinstance(func, higher_order):
                 return func(*args, **(kwargs or {}))
             if not self.logs or internal_active():  # no block listening (a followed thread that outlived
                 if self.retired:                      # its trace()), or torch_adapter's own work: not recorded
