@@ -17,6 +17,7 @@ import nbformat
 from nbclient import NotebookClient
 
 MIME = "application/vnd.torch-adapter.routing+json"
+JOB = "application/vnd.torch-adapter.job+json"
 
 TRAIN = '''
 import torch
@@ -64,6 +65,15 @@ def test_notebook_launcher_trains_two_ranks_from_an_adapted_kernel(tmp_path, mon
     assert "Launching training on 2 CUDAs." in text, text
     ranks = re.findall(r"rank (\d)/2 on cuda:(\d) with gloo: logits \(8, 3\), weights equal True", text)
     assert sorted(ranks) == [("0", "0"), ("1", "1")], text
+    # the ranks the cell forked, as one job report under it (jupyter/forked_ranks.py)
+    (job,) = [o["data"][JOB] for o in nb.cells[1].outputs if JOB in o.get("data", {})]
+    assert [r["rank"] for r in job["ranks"]] == [0, 1] and job["ok"] and job["world_size"] == 2, job
+    assert all(r["routes"]["native"] > 0 and r["op_calls"].get("native c10d::allreduce_", 0) > 0
+               for r in job["ranks"]), job["ranks"]
+    assert len({r["pid"] for r in job["ranks"]}) == 2 and job["stragglers"] == [], job
+    html = next(o["data"]["text/html"] for o in nb.cells[1].outputs if JOB in o.get("data", {}))
+    assert "the ranks this cell launched: 2 adapted rank(s) of 2" in html
+    assert not [o for o in nb.cells[2].outputs if JOB in o.get("data", {})]  # a cell that forks none shows none
     after = "".join(o.get("text", "") for o in nb.cells[2].outputs if o.get("output_type") == "stream")
     assert "after the launch: cpu True" in after
     reports = [o["data"][MIME] for o in nb.cells[2].outputs if MIME in o.get("data", {})]

@@ -90,6 +90,9 @@ class CellRouter:
         self._t0 = 0.0
         self.failures = 0
         self._sent: tuple[Any, ...] | None = None  # the state the last status message told
+        from .forked_ranks import ForkedRanks
+
+        self.forked = ForkedRanks(self)  # the ranks a cell forks (notebook_launcher): one job report under it
 
     # -- lifecycle --------------------------------------------------------------------
     def install(self) -> Any:
@@ -137,6 +140,7 @@ class CellRouter:
             except ValueError:
                 pass
         self._stop()
+        self.forked.close()
 
     # -- the observer ------------------------------------------------------------------
     def _report(self, what: str, exc: BaseException) -> None:
@@ -163,6 +167,7 @@ class CellRouter:
             self._tracer = trace()
             self._log = self._tracer.__enter__()
             self._t0 = time.perf_counter()
+            self.forked.cell_started()
         except Exception as exc:
             self._tracer = None
             self._report("starting the per-cell routing trace", exc)
@@ -170,8 +175,19 @@ class CellRouter:
     def post_run_cell(self, result: Any = None) -> None:
         try:
             self._summarise(result)
+            self._show_forked_ranks()
         finally:
             self.status_if_changed()
+
+    def _show_forked_ranks(self) -> None:
+        try:
+            job = self.forked.cell_ended()
+            if job is not None and self.publish_display:
+                from .forked_ranks import show
+
+                show(job)
+        except Exception as exc:
+            self._report("reporting the ranks the cell launched", exc)
 
     def _summarise(self, result: Any) -> None:
         try:

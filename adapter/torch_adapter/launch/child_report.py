@@ -26,9 +26,12 @@ from typing import Any
 
 from ..core.patching import bindings
 
-__all__ = ["CHILD_KEYS", "new_folder", "start", "collect", "label", "render", "merged_payload"]
+__all__ = ["CHILD_KEYS", "collect", "finish_now", "label", "merged_payload", "new_folder", "render", "start"]
 
-CHILD_KEYS = ("announce", "report")
+# make_folder: the announce folder may not exist where the child runs (a Ray worker on another host,
+# launch/ray_train.py): the child makes one of the same path there
+CHILD_KEYS = ("announce", "report", "make_folder")
+_THIS: dict[str, Any] = {}  # this process's record and its finish(), for finish_now()
 
 
 def new_folder() -> str:
@@ -136,6 +139,11 @@ def _role() -> str:
 def start(options: dict[str, Any], session: Any) -> None:
     """In an adapted child: announce it, record its ops if asked, and write the report at exit."""
     folder = options.get("announce")
+    if folder and options.get("make_folder"):
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError:  # no record here then; the process still runs adapted
+            pass
     if not folder or not os.path.isdir(folder):
         return
     from ..core.launcher_env import ranks
@@ -150,18 +158,29 @@ def start(options: dict[str, Any], session: Any) -> None:
     tracer = log = None
     if options.get("report"):
         from ..routing.trace import trace
+        from . import hang
 
         tracer = trace(use_observer=False)
         log = tracer.__enter__()
+        session.closers.append(hang.enable_flight_recorder())  # before the program makes its groups
 
-    def finish() -> None:
-        if not os.path.isdir(folder):  # the run that asked has ended (a helper process outliving it)
+    ended: list[str] = []
+
+    def finish(state: str = "finished") -> None:
+        if ended or not os.path.isdir(folder):  # ended already (finish_now), or the run that asked has ended
             return
+        ended.append(state)
         try:
             if tracer is not None:
                 tracer.__exit__(None, None, None)
+            if "hang" not in record and log is not None:  # a collective that failed and ended the program
+                from .hang import facts
+
+                failed = facts(exc=getattr(sys, "last_value", None))
+                if failed is not None:
+                    record["hang"] = failed
             rank, world = _rank_and_world(record)
-            record.update(state="finished", argv=list(sys.argv), rank=rank, role=_role(), world_size=world,
+            record.update(state=state, argv=list(sys.argv), rank=rank, role=_role(), world_size=world,
                           seconds=round(time.monotonic() - started, 3))
             if log is not None and record["role"] == "main":
                 record["routing"] = log.to_dict()
@@ -172,18 +191,48 @@ def start(options: dict[str, Any], session: Any) -> None:
                   file=sys.stderr)
 
     atexit.register(finish)
+    _THIS.update(record=record, finish=finish)
+    if options.get("report"):
+        from .hang import watch_sigterm
+
+        def killed(found: dict[str, Any]) -> None:  # the launcher ends this rank: say where it was
+            record["hang"] = found
+            atexit.unregister(finish)
+            finish("killed (SIGTERM)")
+
+        session.closers.append(watch_sigterm(killed, os.path.join(folder, f"{os.getpid()}.stack")))
+
+
+def finish_now(state: str = "finished", **facts: Any) -> dict[str, Any] | None:
+    """End this adapted process's record now, as at its exit (its ops so far, ``state``, ``facts`` such as
+    ``launch``), and return it; None when this process has no record. For workers whose launcher ends them
+    without ``atexit`` (Ray kills its train workers: launch/ray_train.py)."""
+    finish = _THIS.pop("finish", None)
+    if finish is None:
+        return None
+    atexit.unregister(finish)
+    _THIS["record"].update(facts)
+    finish(state)
+    return dict(_THIS["record"])
 
 
 def collect(folder: str) -> list[dict[str, Any]]:
     """The records the children wrote, ranks first (in order), then by pid."""
+    from .hang import read_stack_file
+
     out = []
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         if name.endswith(".json"):
             try:
                 with open(os.path.join(folder, name)) as fh:
-                    out.append(json.load(fh))
+                    record = json.load(fh)
             except (OSError, ValueError):
                 continue
+            if record.get("state") == "started" and "hang" not in record:  # killed inside C: faulthandler's stack
+                stack = read_stack_file(os.path.join(folder, f"{record.get('pid')}.stack"))
+                if stack is not None:
+                    record["hang"] = stack
+            out.append(record)
     return sorted(out, key=lambda r: (r.get("rank") is None, r.get("rank") or 0, r["pid"]))
 
 

@@ -30,8 +30,10 @@ import json
 from collections import Counter
 from typing import Any
 
+from .hang import job_findings, render_lines
+
 __all__ = ["SCHEMA", "VERSION", "EXIT_UNADAPTED", "rank_entry", "build", "merge_files", "render", "expected_local",
-           "MergeError"]
+           "expected_tasks", "missing_in_job", "MergeError"]
 
 SCHEMA, VERSION = "torch-adapter.job-report", 1
 EXIT_UNADAPTED = 4  # the job ran, but some rank did not run adapted (docs/cli.md, exit codes)
@@ -71,6 +73,7 @@ def rank_entry(record: dict[str, Any]) -> dict[str, Any]:
                       for o in sorted(ops.values(), key=lambda o: (-o["calls"], o["op"])) if o["route"] in _SLOW],
         "op_calls": {f"{o['route']} {o['op']}": o["calls"] for o in ops.values()},
         "sites": {f"{o['route']} {o['op']}": o["sites"][:3] for o in ops.values() if o["sites"]},
+        **({"hang": record["hang"]} if record.get("hang") else {}),  # launch/hang.py: a collective that hung
     }
 
 
@@ -88,8 +91,9 @@ def site_text(site: Any) -> str | None:
 
 def expected_local(argv: list[str]) -> int | None:
     """How many ranks the launcher command ``argv`` starts on this node, from its own arguments
-    (torchrun's ``--nproc-per-node N``, mpiexec's ``-n N``); None when they do not say or the launcher
-    decides itself (accelerate, deepspeed: the ranks' local world size is used then)."""
+    (torchrun's ``--nproc-per-node N``, mpiexec's ``-n N``, srun's ``--ntasks-per-node N`` or ``-n`` over
+    ``-N``); None when they do not say or the launcher decides itself (accelerate, deepspeed: the ranks'
+    local world size is used then)."""
     import os
 
     name = os.path.basename(argv[0]) if argv else ""
@@ -111,7 +115,73 @@ def expected_local(argv: list[str]) -> int | None:
         return number(value("--nproc-per-node", "--nproc_per_node"))
     if name in ("mpiexec", "mpirun", "orterun"):
         return number(value("-n", "-np", "--np", "-c", "--n"))
+    if name == "srun":
+        tasks, nodes, per_node = _srun_counts(args)
+        if per_node is not None:
+            return per_node
+        return tasks // nodes if tasks is not None and nodes and tasks % nodes == 0 else None
     return None  # accelerate starts one process without --multi_gpu on a CPU machine; deepspeed counts GPUs
+
+
+def _srun_counts(args: list[str]) -> tuple[int | None, int | None, int | None]:
+    """srun's ``-n``/``--ntasks``, ``-N``/``--nodes`` (a plain count, not a range) and ``--ntasks-per-node``,
+    in any of its spellings (``-n 4``, ``-n4``, ``--ntasks=4``); None for what they do not say."""
+    def value(short: str | None, *long: str) -> int | None:
+        for i, tok in enumerate(args):
+            got = None
+            if tok in long or tok == short:
+                got = args[i + 1] if i + 1 < len(args) else None
+            elif short and tok.startswith(short) and not tok.startswith("--"):
+                got = tok[len(short):]
+            else:
+                got = next((tok.split("=", 1)[1] for flag in long if tok.startswith(flag + "=")), None)
+            if got is not None:
+                return int(got) if got.isdigit() else None
+        return None
+
+    return (value("-n", "--ntasks"), value("-N", "--nodes"), value(None, "--ntasks-per-node"))
+
+
+def expected_tasks(argv: list[str]) -> int | None:
+    """How many ranks a launcher that starts the whole job at once (``srun``: every node's tasks from this
+    one command) starts in all, from its arguments (``-n 4``; ``-N 2 --ntasks-per-node 2``); None otherwise."""
+    import os
+
+    if not argv or os.path.basename(argv[0]) != "srun":
+        return None
+    tasks, nodes, per_node = _srun_counts(argv[1:])
+    if tasks is not None:
+        return tasks
+    return nodes * per_node if nodes is not None and per_node is not None else None
+
+
+def missing_in_job(ranks: list[dict[str, Any]], expected: int | None, launcher: str) -> list[dict[str, Any]]:
+    """The global ranks a whole-job launcher (srun) started that no adapted process announced: ``expected``
+    from its arguments, else the world size the ranks saw. Where the announced ranks lie in blocks (rank =
+    node rank × tasks per node + local rank: SLURM's default distribution), a missing rank's node and local
+    rank are named from them."""
+    worlds = {r.get("world_size") for r in ranks} - {None}
+    size = expected or (max(worlds) if worlds else None)
+    if not size:
+        return []
+    seen = {r["rank"] for r in ranks if r.get("rank") is not None}
+    counts = {r.get("local_world_size") for r in ranks} - {None}
+    per_node = counts.pop() if len(counts) == 1 else None
+    blocks = per_node is not None and all(
+        r.get("rank") is not None and r.get("node_rank") is not None and r.get("local_rank") is not None
+        and divmod(r["rank"], per_node) == (r["node_rank"], r["local_rank"]) for r in ranks)
+    names = {r["node_rank"]: r.get("node") for r in ranks if r.get("node_rank") is not None}
+    out = []
+    for rank in sorted(set(range(size)) - seen):
+        node_rank, local = divmod(rank, per_node) if blocks and per_node else (None, None)
+        node = names.get(node_rank)
+        where = f" on {node_label(node, node_rank)}" if node_rank is not None else ""
+        out.append({"rank": rank, "world_size": size, "local_rank": local, "node": node, "node_rank": node_rank,
+                    "launcher": launcher, "adapted": False,
+                    "why": f"{launcher} started {size} task(s){where}; rank {rank} never announced itself as adapted "
+                           f"(no TORCH_ADAPTER_AUTOINSTALL in its environment, an interpreter without torch_adapter, "
+                           f"or it died before Python started)"})
+    return out
 
 
 def _node_key(entry: dict[str, Any]) -> tuple[Any, Any]:
@@ -207,6 +277,7 @@ def build(ranks: list[dict[str, Any]], unadapted: list[dict[str, Any]] | None = 
                            f"rank {u.get('rank')}"} for u in unadapted],
             "duplicate_ranks": duplicates,
             "nodes": node_rows, "routes": dict(total), "stragglers": stragglers(ranks),
+            **({"hang": hang} if (hang := job_findings(ranks + unadapted)) else {}),
             **({"sources": sources} if sources else {})}
 
 
@@ -337,6 +408,8 @@ def render(job: dict[str, Any], console: Any, *, title: str = "torch_adapter job
         for d in s["differences"][1:]:
             console.print(f"    also {d['route']} {d['op']}: {d['calls']} call(s), most made {d['usual_calls']}"
                           + (f" ({d['site']})" if d["site"] else ""), highlight=False)
+    for line in render_lines(job.get("hang")):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     for d in job.get("duplicate_ranks", []):
         console.print(f"[red]rank {d} appears in more than one report[/red] (a file from another run?)")
     for u in job["unadapted"]:

@@ -109,13 +109,18 @@ def _node_job(name: str, argv: list[str], records: list[dict[str, Any]],
     """This node's ranks as a job report (launch/job.py) — None when the launcher started no ranks
     the adapter can count — and the node itself (the ``node`` entry of --report-json)."""
     from ..core.launcher_env import node_name
-    from .job import build, expected_local, missing_on_node, rank_entry
+    from .job import build, expected_local, expected_tasks, missing_in_job, missing_on_node, rank_entry
 
     ranked = [rank_entry(r) for r in records if r.get("role") == "main"
               and (r.get("rank") is not None or (r.get("launch") or {}).get("local_rank") is not None)]
     expected = expected_local(argv) if (name in LAUNCHERS or name in RANK_LAUNCHERS) else None
     here = node_name()
     node = {"node": here, "launcher": name, "argv": list(argv), "expected_local_ranks": expected, "exit_code": code}
+    if name == "srun":  # one srun starts every node's tasks: its ranks are the whole job, counted by global rank
+        node["expected_ranks"] = total = expected_tasks(argv)
+        if not ranked and total is None:
+            return None, node
+        return build(ranked, missing_in_job(ranked, total, name), whole_job=True), node
     if not ranked and expected is None:
         return None, node
     for r in ranked:
@@ -140,8 +145,23 @@ def _run(argv: list[str], kind: str, what: Any) -> int:
         return _exit_code(exc.code)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # noqa: BLE001 - the launcher failed (torchrun: a rank did): as its own script ends
+        _print_launcher_traceback(exc)  # the traceback its console script would print, then exit 1
+        return 1
     finally:
         sys.argv = old_argv
+
+
+def _print_launcher_traceback(exc: BaseException) -> None:
+    """The launcher's uncaught exception as ``python -m LAUNCHER`` would show it: its frames, not the adapter's."""
+    import traceback
+
+    from ..core.callsite import PACKAGE_DIR
+
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(PACKAGE_DIR + os.sep):
+        tb = tb.tb_next
+    print("".join(traceback.format_exception(type(exc), exc, tb)), end="", file=sys.stderr, flush=True)
 
 
 def _summarise(name: str, records: list[dict[str, Any]]) -> None:
@@ -158,9 +178,11 @@ def _summarise(name: str, records: list[dict[str, Any]]) -> None:
     main = [r for r in records if r not in workers]
     running = [r for r in main if r.get("state") != "finished" and alive(r["pid"])]
     main = [r for r in main if r not in running]
-    unfinished = [label(r) for r in main if r.get("state") != "finished"]
+    killed = [label(r) for r in main if str(r.get("state", "")).startswith("killed")]
+    unfinished = [label(r) for r in main if r.get("state") != "finished" and label(r) not in killed]
     text = ", ".join(label(r) for r in main)
     extra = f" and {len(workers)} DataLoader worker(s)" if workers else ""
     _say(f"{name} ran unadapted; adapted {len(main)} process(es): {text}{extra}."
+         + (f" Killed by SIGTERM (its report written at the signal): {', '.join(killed)}." if killed else "")
          + (f" Ended without an exit report (killed or crashed): {', '.join(unfinished)}." if unfinished else "")
          + (f" Still running (helpers): {', '.join(label(r) for r in running)}." if running else ""))

@@ -15,15 +15,16 @@ __all__ = ["write"]
 
 def write(records: list[dict[str, Any]], to_terminal: bool | str, json_path: str | None, *,
           session: Any = None, log: Any = None, job: dict[str, Any] | None = None, node: dict[str, Any] | None = None,
-          seconds: float | None = None) -> None:
+          seconds: float | None = None, hang: dict[str, Any] | None = None) -> None:
     """``records``: the children's reports; ``session``/``log``: this process's own, when it ran
     the script (``run SCRIPT``), None when it only launched others (``run torchrun ...``).
     ``to_terminal``: False, ``"summary"`` (True too: launch/summary.py, one screen) or ``"full"``
     (every table). ``job``/``node``: a launcher run's ranks on this node (launch/job.py) and the node
-    itself; ``seconds``: how long this process's script ran (a rank's own report under a launcher)."""
+    itself; ``seconds``: how long this process's script ran (a rank's own report under a launcher);
+    ``hang``: where this rank was when a collective hung (launch/hang.py)."""
     reported = _child_report.reported(records)
     if json_path:
-        _write_json(records, reported, json_path, session, log, job=job, node=node, seconds=seconds)
+        _write_json(records, reported, json_path, session, log, job=job, node=node, seconds=seconds, hang=hang)
     if to_terminal == "full":
         _render(records, reported, session, log)
     elif to_terminal:
@@ -39,7 +40,7 @@ def _render_job(job: dict[str, Any], *, full: bool) -> None:
 
     from .job import render
 
-    if full or job["stragglers"] or job["unadapted"]:
+    if full or job["stragglers"] or job["unadapted"] or job.get("hang"):
         render(job, Console(file=sys.stderr, width=None if sys.stderr.isatty() else 140),
                title="torch_adapter, this node's ranks")
 
@@ -77,7 +78,7 @@ def _render_summary(records: list[dict[str, Any]], reported: list[dict[str, Any]
 
 def _write_json(records: list[dict[str, Any]], reported: list[dict[str, Any]], json_path: str,
                 session: Any, log: Any, *, job: dict[str, Any] | None = None, node: dict[str, Any] | None = None,
-                seconds: float | None = None) -> None:
+                seconds: float | None = None, hang: dict[str, Any] | None = None) -> None:
     from ..core.callsite import relative_sites
     from ..core.safe_io import OutputError, write_text
 
@@ -88,7 +89,7 @@ def _write_json(records: list[dict[str, Any]], reported: list[dict[str, Any]], j
         payload["redirects"] = session.redirect_log.to_json()["entries"]
         if reported:
             payload = _child_report.merged_payload(records, payload)
-        own = _own_rank(session, log, seconds)
+        own = _own_rank(session, log, seconds, hang)
         if own is not None:
             payload["process"] = own
     if node is not None:
@@ -101,7 +102,7 @@ def _write_json(records: list[dict[str, Any]], reported: list[dict[str, Any]], j
         print(exc, file=sys.stderr)
 
 
-def _own_rank(session: Any, log: Any, seconds: float | None) -> dict[str, Any] | None:
+def _own_rank(session: Any, log: Any, seconds: float | None, hang: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """This process as one rank of a job (``torchrun … -m torch_adapter run``): the entry ``report
     merge`` reads (launch/job.py); None outside a launcher."""
     import os
@@ -112,9 +113,10 @@ def _own_rank(session: Any, log: Any, seconds: float | None) -> dict[str, Any] |
     where = ranks()
     if where["rank"] is None:
         return None
-    record = {"rank": where["rank"], "world_size": where["world_size"], "pid": os.getpid(), "state": "finished",
+    record = {"rank": where["rank"], "world_size": where["world_size"], "pid": os.getpid(),
+              "state": "killed (SIGTERM)" if hang and hang.get("why", "").startswith("killed") else "finished",
               "target": session.target.label, "seconds": None if seconds is None else round(seconds, 3),
-              "launch": where, "routing": log.to_dict() if log is not None else {}}
+              "launch": where, "routing": log.to_dict() if log is not None else {}, "hang": hang}
     return {**rank_entry(record), "label": _child_report.label(record)}
 
 

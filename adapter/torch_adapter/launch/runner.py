@@ -168,6 +168,19 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
     import time
 
     started = time.monotonic()
+    hang_facts: dict[str, Any] = {}
+    if report or report_json:  # a rank's last collectives and stack, when a collective hangs (launch/hang.py)
+        from . import hang
+
+        session.closers.append(hang.enable_flight_recorder())
+
+        def killed(found: dict[str, Any]) -> None:  # the launcher ends this rank: its report says where it was
+            if tracer is not None:
+                tracer.__exit__(None, None, None)
+            _report(session, log if tracer is not None else None, report, report_json, children,
+                    seconds=time.monotonic() - started, hang=found)
+
+        session.closers.append(hang.watch_sigterm(killed))
     old_argv, old_path0 = sys.argv[:], sys.path[0] if sys.path else None
     sys.argv = [script, *args]
     sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(script))  # as `python [-m]` does
@@ -194,6 +207,10 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
         else:
             _print_user_traceback(exc)
             code = 130 if type(exc) is KeyboardInterrupt else 1
+            if report or report_json:
+                from .hang import facts
+
+                hang_facts = facts(exc=exc) or {}
     finally:
         front.pop()
         sys.argv = old_argv
@@ -203,7 +220,7 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
             tracer.__exit__(None, None, None)
         if report or report_json:
             _report(session, log if tracer is not None else None, report, report_json, children,
-                    seconds=time.monotonic() - started)
+                    seconds=time.monotonic() - started, hang=hang_facts or None)
         if judge is not None:  # the gate decides the code before the exit guard is armed with it
             code = judge(code)
         if exit_guard:
@@ -359,7 +376,7 @@ def _run_launcher(argv: list[str], how: Any, target: str, simulate: bool, report
 
 
 def _report(session: Any, log: Any, to_terminal: bool, json_path: str | None, children: str | None = None,
-            seconds: float | None = None) -> None:
+            seconds: float | None = None, hang: dict[str, Any] | None = None) -> None:
     import shutil
 
     from . import child_report as _child_report
@@ -368,4 +385,4 @@ def _report(session: Any, log: Any, to_terminal: bool, json_path: str | None, ch
     records = _child_report.collect(children) if children else []
     if children:
         shutil.rmtree(children, ignore_errors=True)
-    write(records, to_terminal, json_path, session=session, log=log, seconds=seconds)
+    write(records, to_terminal, json_path, session=session, log=log, seconds=seconds, hang=hang)
