@@ -49,13 +49,9 @@ from typing import Any
 
 from ..core import torch_private as tp
 from ..core.state import current
-from .levels import level
+from .levels import OptimizeWarning, level
 
 __all__ = ["apply", "applied", "OptimizeWarning", "plan_for"]
-
-
-class OptimizeWarning(UserWarning):
-    """The optimization layer could not apply an option to an object, or a note on its cost."""
 
 
 _FUSED_DEVICES = ("cpu", "cuda", "mps", "xpu")  # torch 2.13's fused Adam/AdamW/SGD kernels
@@ -96,11 +92,32 @@ def plan_for(session: Any) -> dict[str, Any]:
             "foreach_optimizers": lv.fast_optimizers and dev not in _FUSED_DEVICES,
             "channels_last": lv.channels_last and dev == "cuda", "autocast": str(dtype).replace("torch.", "") if dtype else None,
             "compile": lv.compile and not session.target.simulated,
+            "trial": _trial_parts(session, lv, dtype),
             "fusion": tuple(cfg.fusion_patterns),
             "gradient_checkpointing": cfg.gradient_checkpointing or cfg.memory_strategy in ("aggressive", "low"),
             "activation_checkpointing": tuple(cfg.activation_checkpointing),
             "bucket_cap_mb": cfg.communication_bucket_size,
             "gradient_as_bucket_view": cfg.memory_strategy in ("reuse", "aggressive")}
+
+
+def _trial_parts(session: Any, lv: Any, dtype: Any) -> tuple[str, ...]:
+    """The level's parts measured on the program's step before they are kept (optimization/trial.py):
+    on a real CPU target, ``compile`` and the autocast the level chose itself (not one the user asked
+    for with ``mixed_precision``)."""
+    from .trial import enabled
+
+    if session.target.device_type != "cpu" or session.target.simulated or not enabled():
+        return ()
+    parts = []
+    if lv.compile:
+        parts.append("compile")
+    if dtype is not None and lv.autocast and session.config.amp_dtype == "auto":
+        parts.append("autocast")
+    return tuple(parts)
+
+
+# model -> {plan key: Trial}: a decision belongs to the model (kept across sessions)
+_TRIALS: "weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]]" = weakref.WeakKeyDictionary()
 
 
 class _Layer:
@@ -116,6 +133,9 @@ class _Layer:
         self.applied: list[dict[str, Any]] = []
         self.lock = threading.RLock()
         self.on = False
+        self.trial: Any = None  # optimization/trial.py: the parts on trial, for every model of this session
+        self.trial_owner: Any = None  # a weakref to the model it belongs to
+        self.cpu_kind = ""
 
     # -- on / off ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -125,12 +145,20 @@ class _Layer:
         session = self.session()
         self.plan = plan_for(session)
         p = self.plan
+        if p["trial"]:  # the CPU's kind as the session was decided for (a forced kind in tests)
+            from ..core.cpu_features import cpu_features
+
+            features = cpu_features()
+            self.cpu_kind = features.kind + (f", forced by {features.source}" if "=" in features.source
+                                             or features.source.startswith("forced") else "")
         models = p["channels_last"] or p["autocast"] or p["compile"] or p["fusion"] or \
             p["gradient_checkpointing"] or p["activation_checkpointing"]
         if models:
             self.hooks.append(_ModelHook(self))
         if p["fused_optimizers"] or p["foreach_optimizers"]:
             self.hooks.append(register_optimizer_step_pre_hook(self._adopt_optimizer))
+        if p["trial"]:
+            self.hooks.append(register_optimizer_step_pre_hook(self._step_boundary))
         if p["bucket_cap_mb"] is not None or p["gradient_as_bucket_view"]:
             self._wrap_ddp(torch.nn.parallel.DistributedDataParallel)
         self.on = True
@@ -156,6 +184,7 @@ class _Layer:
                     failures.append((f"optimization {what}", exc))
             self.known, self.optimizers = weakref.WeakSet(), weakref.WeakSet()
             self.on = False
+            self.trial = self.trial_owner = None
         if failures:
             raise RestoreError(failures) from failures[0][1]
 
@@ -208,13 +237,76 @@ class _Layer:
             self._record("channels_last", model, lambda m=weakref.ref(model): m() and m().to(
                 memory_format=torch.contiguous_format))
         if p["autocast"] or p["compile"]:
-            forward = _forward_of(model)
-            if p["autocast"]:
-                forward = _autocast(forward, self.session().target.device_type, getattr(torch, p["autocast"]))
-            if p["compile"]:
-                forward = self._compiled(model, forward)
-            self._set_forward(model, forward, "+".join(k for k in ("autocast", "compile") if p[k]),
-                              dtype=p["autocast"])
+            self._set_forward(model, self._switched(model, _forward_of(model)),
+                              "+".join(k for k in ("autocast", "compile") if p[k]), dtype=p["autocast"])
+
+    def _switched(self, model: Any, base: Any) -> Any:
+        """``base`` under the level's autocast and compile, each as the trial (if any) has it now: the
+        variants are made at their first use (a compiled one compiles then) and kept."""
+        import torch
+
+        p = self.plan
+        device = self.session().target.device_type
+        dtype = getattr(torch, p["autocast"]) if p["autocast"] else None
+        trial = self._trial_for(model)
+        fixed = {"autocast": dtype is not None, "compile": bool(p["compile"])}
+        variants: dict[tuple[bool, bool], Any] = {}
+        owner = trial is not None and self.trial_owner is not None and self.trial_owner() is model
+
+        def variant(autocast: bool, compiled: bool) -> Any:
+            fn = variants.get((autocast, compiled))
+            if fn is None:
+                fn = _autocast(base, device, dtype) if autocast else base
+                if compiled:
+                    fn = self._compiled(model, fn, p["autocast"] if autocast else None)
+                variants[(autocast, compiled)] = fn
+            return fn
+
+        variant(fixed["autocast"], fixed["compile"])  # the level's own now (torch.compile itself is lazy)
+
+        @functools.wraps(base)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            state = trial.state if trial is not None else fixed
+            autocast = fixed["autocast"] and state.get("autocast", True)
+            compiled = fixed["compile"] and state.get("compile", True) and not torch.compiler.is_compiling()
+            fn = variant(autocast, compiled)
+            if not owner or trial.done or torch.is_grad_enabled():
+                return fn(*args, **kwargs)
+            t0 = time.perf_counter()  # inference: the model's call is the step the trial times
+            out = fn(*args, **kwargs)
+            trial.forward_done(time.perf_counter() - t0)
+            return out
+
+        return run
+
+    def _trial_for(self, model: Any) -> Any:
+        """The session's trial (optimization/trial.py): made for the first model adopted, or found on it
+        (a later session, the same model), shared by every model this session adopts."""
+        p = self.plan
+        if not p["trial"]:
+            return None
+        if self.trial is None:
+            from .trial import Trial
+
+            key = (p["trial"], p["autocast"], p["fusion"], self.session().config.optimization_level)
+            per_model = _TRIALS.setdefault(model, {})
+            if key not in per_model:
+                per_model[key] = Trial(list(p["trial"]), level=self.session().config.optimization_level,
+                                       device=self.session().target.device_type, dtype=p["autocast"],
+                                       kind=self.cpu_kind)
+            self.trial, self.trial_owner = per_model[key], weakref.ref(model)
+        return self.trial
+
+    def _step_boundary(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        trial = self.trial
+        if trial is None or trial.done:
+            return
+        trial.step_boundary(optimizer)
+        listed = {a.get("trial") for a in self.applied}
+        for part, row in trial.decided.items():
+            if part not in listed:  # each decision once in applied(): what was measured, kept or not
+                owner = self.trial_owner() if self.trial_owner is not None else None
+                self.applied.append({"what": f"trial:{part}", "object": type(owner).__name__, "trial": part, **row})
 
     def _set_forward(self, module: Any, forward: Any, what: str, **extra: Any) -> None:
         had = "forward" in module.__dict__
@@ -233,11 +325,11 @@ class _Layer:
 
         self._record(what, module, undo, **extra)
 
-    def _compiled(self, model: Any, forward: Any) -> Any:
+    def _compiled(self, model: Any, forward: Any, autocast: Any) -> Any:
         import torch
 
         p = self.plan
-        key = (self.session().target.device_type, p["autocast"], p["fusion"], p["activation_checkpointing"],
+        key = (self.session().target.device_type, autocast, p["fusion"], p["activation_checkpointing"],
                p["gradient_checkpointing"])
         done = _COMPILED.setdefault(model, set())
         compiled = torch.compile(forward)  # lazy; dynamo reuses its graphs for a forward it compiled

@@ -18,7 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Level", "LEVELS", "level"]
+__all__ = ["Level", "LEVELS", "level", "OptimizeWarning"]
+
+
+class OptimizeWarning(UserWarning):
+    """The optimization layer could not apply an option to an object, or a note on its cost."""
 
 
 @dataclass(frozen=True)
