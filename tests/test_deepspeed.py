@@ -10,12 +10,11 @@ probe table answered ``CUDA_Accelerator.is_fp16_supported`` for the target (redi
 from __future__ import annotations
 
 import re
-import socket
 import textwrap
 
 import pytest
 
-from conftest import run_cli
+from conftest import free_port, run_cli
 
 pytest.importorskip("deepspeed")
 
@@ -51,9 +50,7 @@ SCRIPT = textwrap.dedent("""
 @pytest.mark.parametrize("stage,dtype", [(1, "fp16"), (2, "bf16"), (3, "bf16")], ids=["zero1-fp16", "zero2-bf16", "zero3-bf16"])
 def test_deepspeed_zero_trains_two_ranks_on_the_target(tmp_path, stage, dtype):
     (tmp_path / "ds.py").write_text(SCRIPT)
-    with socket.socket() as s:  # not deepspeed's default 29500, which other tests' launchers use
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())  # the suite's one port helper (conftest)
     res = run_cli("run", "deepspeed", "--num_gpus", "2", "--master_port", port, str(tmp_path / "ds.py"), "--stage", str(stage), "--dtype", dtype,
                   cwd=tmp_path, timeout=400)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]

@@ -188,3 +188,61 @@ def test_an_adapted_child_ended_by_the_guard_keeps_its_code(tmp_path, body):
     plain, adapted = _both(tmp_path, _CHILD.format(body=body), env={"TORCH_ADAPTER_EXIT_TIMEOUT": "1"})
     assert "Ending it now" in adapted.stderr, adapted.stderr  # the child's guard did end it
     assert adapted.stdout == plain.stdout, (plain.stdout, adapted.stdout)
+
+
+# An adapted child that is not a multiprocessing one -- a `subprocess` of the adapted script, a
+# torchrun rank -- is adapted by the .pth hook and guarded from the start of its shutdown
+# (exit_guard.arm_at_shutdown), with no runpy nor multiprocessing frame that knows its code. Each
+# child below lingers (a non-daemon thread) so that its guard ends it. The guard guessed the code
+# from a sys.exit wrapper: `raise SystemExit(3)` and the builtin `exit(4)` ended it 0, a caught
+# sys.exit(2) 2 (and 2 again when an exception followed), an uncaught Ctrl-C 1 (python: SIGINT).
+# Now it stops waiting for the lingering threads and lets the interpreter end with its own code.
+_PARENT = textwrap.dedent("""\
+    import subprocess, sys
+    kids = [(name, subprocess.Popen([sys.executable, name], stdout=subprocess.DEVNULL))
+            for name in sys.argv[1:]]
+    for name, kid in kids:
+        print(name, kid.wait(), flush=True)
+    """)
+
+SUBPROCESS_CHILDREN = {
+    "normal end": "",
+    "raise SystemExit": "raise SystemExit(3)\n",
+    "sys.exit(int)": "import sys\nsys.exit(6)\n",
+    "builtin exit": "exit(4)\n",
+    "exit bound before the wrapper": None,  # `from sys import exit` above the thread: see below
+    "caught SystemExit leaves no code": "import sys\ntry:\n    sys.exit(2)\nexcept SystemExit:\n    pass\n",
+    "caught SystemExit, then an exception": textwrap.dedent("""\
+        import sys
+        try:
+            sys.exit(2)
+        except SystemExit:
+            pass
+        raise ValueError('after')
+        """),
+    "sys.exit(message)": "import sys\nsys.exit('child failed: no data')\n",
+    "uncaught exception": "raise ValueError('bad value')\n",
+    "KeyboardInterrupt": "raise KeyboardInterrupt\n",
+}
+
+
+def test_an_adapted_subprocess_ended_by_the_guard_keeps_its_code(tmp_path):
+    names = []
+    for i, (case, body) in enumerate(SUBPROCESS_CHILDREN.items()):
+        text = ("from sys import exit\n" + _LINGER + "exit(5)\n") if body is None else _LINGER + body
+        (tmp_path / f"child{i}.py").write_text(text)
+        names.append(f"child{i}.py")
+    (tmp_path / "prog.py").write_text(_PARENT)
+    env = {**os.environ, **_ENV}
+    env.pop("TORCH_ADAPTER_AUTOINSTALL", None)
+    plain = subprocess.run([sys.executable, "prog.py", *names], check=False, cwd=tmp_path, env=env, text=True,
+                           capture_output=True, timeout=120)
+    adapted = run_cli("run", "prog.py", *names, cwd=tmp_path, env={"TORCH_ADAPTER_EXIT_TIMEOUT": "1"}, timeout=180)
+    assert plain.returncode == adapted.returncode == 0, (plain.stderr, adapted.stderr)
+    want = dict(line.split() for line in plain.stdout.splitlines())
+    got = dict(line.split() for line in adapted.stdout.splitlines())
+    cases = dict(zip(names, SUBPROCESS_CHILDREN))
+    differ = {cases[n]: (want[n], got.get(n)) for n in names if got.get(n) != want[n]}
+    assert not differ, f"(plain, adapted) exit codes of the children that differ: {differ}\n{adapted.stderr[-3000:]}"
+    assert adapted.stderr.count("has not exited") == len(names), adapted.stderr[-3000:]  # each guard did end its child
+    assert "child failed: no data" in adapted.stderr  # python's own line for sys.exit(message)

@@ -17,10 +17,9 @@ backend (a DeviceMesh's, FSDP2's), and that a gloo group the program asked for i
 from __future__ import annotations
 
 import re
-import socket
 import textwrap
 
-from conftest import run_cli
+from conftest import free_port, run_cli
 
 SCRIPT = textwrap.dedent("""
     import copy, os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
@@ -82,9 +81,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def _run(tmp_path, backend):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())  # the suite's one port helper (conftest)
     (tmp_path / "g.py").write_text(SCRIPT)
     res = run_cli("run", str(tmp_path / "g.py"), backend, cwd=tmp_path, timeout=300, env={"PORT": port})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
@@ -149,9 +146,7 @@ def test_fsdp1_written_for_cuda_trains_and_saves_a_full_checkpoint(tmp_path):
     dict offloaded to rank 0 (its usual save): the device id names the target's device, and unsharding
     "to the CPU" where the compute device is the CPU unshards in place (torch's offload path freed the
     parameters' storage there). Rank 0 holds the 4 tensors, rank 1 none (rank0_only)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())  # the suite's one port helper (conftest)
     (tmp_path / "f.py").write_text(FSDP1)
     res = run_cli("run", "--device-count", "2", str(tmp_path / "f.py"), cwd=tmp_path, timeout=300, env={"PORT": port})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]

@@ -11,10 +11,11 @@ empty start-up cache (a first run): see tests/test_fork_safety.py for why that m
 from __future__ import annotations
 
 import re
-import socket
 
 import nbformat
 from nbclient import NotebookClient
+
+from conftest import free_port
 
 MIME = "application/vnd.torch-adapter.routing+json"
 JOB = "application/vnd.torch-adapter.job+json"
@@ -55,9 +56,7 @@ def test_notebook_launcher_trains_two_ranks_from_an_adapted_kernel(tmp_path, mon
     # an empty start-up cache: the kernel's %load_ext does its first-run work (the speed check where
     # bfloat16 units are), which once started OpenMP's team in the kernel and hung the forked ranks
     monkeypatch.setenv("TORCH_ADAPTER_CACHE_DIR", str(tmp_path / "cache"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # the suite's one port helper (conftest)
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src.replace("{port}", str(port))) for src in CELLS]
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()

@@ -11,12 +11,11 @@ gradient checkpointing and the fused AdamW ride along.
 from __future__ import annotations
 
 import re
-import socket
 import textwrap
 
 import pytest
 
-from conftest import run_cli
+from conftest import free_port, run_cli
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -63,9 +62,7 @@ def test_trainer_gathers_metrics_over_two_ranks(tmp_path, mode):
     (cuda:<rank>) and ``sync_module_states=True``, which FSDP refused for parameters on the CPU ("requires
     them to be on GPU": nccl broadcasts device tensors only; gloo broadcasts the CPU's)."""
     (tmp_path / "trainer.py").write_text(SCRIPT)
-    with socket.socket() as s:  # not accelerate's default 29500, which other tests' launchers use
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())  # the suite's one port helper (conftest)
     res = run_cli("run", "accelerate", "launch", *mode, "--main_process_port", port, "--num_processes", "2",
                   "--num_machines", "1",
                   "--mixed_precision", "no", "--dynamo_backend", "no", str(tmp_path / "trainer.py"), cwd=tmp_path,

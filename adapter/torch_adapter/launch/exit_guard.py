@@ -6,7 +6,10 @@ is still alive ``TORCH_ADAPTER_EXIT_TIMEOUT`` seconds later (default 60; ``0`` w
 forever) — a non-daemon thread that never ends, an ``atexit`` handler blocked on a lock,
 DataLoader workers that do not join — a message names what is still alive (threads,
 child processes), the child processes are terminated, and the process exits with the
-script's own exit code. A C-level backstop (:func:`faulthandler.dump_traceback_later`)
+script's own exit code. Where that code is only guessed -- an adapted child that is a plain
+``python SCRIPT`` (a ``subprocess``, a torchrun rank), whose code CPython keeps on its C stack --
+the guard instead stops the interpreter's wait for the threads still alive and lets it end
+with its own code (``_stop_waiting``), ending the process itself only if that fails. A C-level backstop (:func:`faulthandler.dump_traceback_later`)
 ends it 15 s later even when the hang holds the GIL, after dumping every thread's stack.
 """
 
@@ -18,7 +21,7 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["exit_code", "ENV_VAR", "DEFAULT_TIMEOUT_S", "timeout_s", "arm", "arm_at_shutdown", "shutdown_code"]
+__all__ = ["DEFAULT_TIMEOUT_S", "ENV_VAR", "arm", "arm_at_shutdown", "exit_code", "shutdown_code", "timeout_s"]
 
 ENV_VAR = "TORCH_ADAPTER_EXIT_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0
@@ -56,7 +59,7 @@ def _alive() -> str:
         import multiprocessing
 
         children = [f"{p.name} (pid {p.pid})" for p in multiprocessing.active_children()]
-    except Exception:  # noqa: BLE001 - a diagnosis must not fail
+    except Exception:  # noqa: BLE001, S110 - a diagnosis must not fail
         pass
     parts = []
     if threads:
@@ -66,27 +69,65 @@ def _alive() -> str:
     return "; ".join(parts) or "no non-daemon thread or child process (a blocked exit handler)"
 
 
-def _fire(what: str, code: int, seconds: float) -> None:
+def _fire(what: str, code: int, seconds: float, let_python_end: bool = False) -> None:
     try:
-        print(f"torch_adapter: {what} ended {seconds:g} s ago (exit code {code}) but the process has not exited; "
-              f"still alive: {_alive()}. Ending it now with exit code {code}. "
-              f"Set {ENV_VAR}=0 to wait forever, or a larger number of seconds.", file=sys.stderr, flush=True)
+        alive = _alive()
         import multiprocessing
 
         for child in multiprocessing.active_children():
             child.terminate()
+        if let_python_end and _stop_waiting():
+            print(f"torch_adapter: {what} ended {seconds:g} s ago but the process has not exited; still alive: "
+                  f"{alive}. Ending it now without waiting for them, with the exit code Python gives it. "
+                  f"Set {ENV_VAR}=0 to wait forever, or a larger number of seconds.", file=sys.stderr, flush=True)
+            import time
+
+            time.sleep(_GRACE_S)  # the interpreter ends the process meanwhile (this daemon thread with it)
+            alive = "an exit handler that blocks"
+        print(f"torch_adapter: {what} ended {seconds:g} s ago (exit code {code}) but the process has not exited; "
+              f"still alive: {alive}. Ending it now with exit code {code}. "
+              f"Set {ENV_VAR}=0 to wait forever, or a larger number of seconds.", file=sys.stderr, flush=True)
         sys.stdout.flush()
-    except BaseException:  # noqa: BLE001 - we are ending the process either way
+    except BaseException:  # noqa: BLE001, S110 - we are ending the process either way
         pass
     os._exit(code)
 
 
-def arm(code: int, what: str = "the script") -> bool:
-    """Bound the rest of this process's life; returns False when disabled (timeout 0) or armed already."""
+_GRACE_S = 5.0  # after _stop_waiting: for the interpreter to finish its exit before the guard ends it itself
+
+
+def _stop_waiting() -> bool:
+    """Let the main thread's ``threading._shutdown`` stop waiting for the non-daemon threads still
+    alive (it waits on each one's ``_tstate_lock``, which any thread may release; the thread's own
+    end then finds it released), so that the interpreter finishes its exit as for daemon threads and
+    ends the process with the code it computed itself -- the only exact one for a plain
+    ``python SCRIPT``: ``raise SystemExit(3)``, a caught SystemExit, an uncaught Ctrl-C (SIGINT)
+    leave their code on the C stack only. False when there was nothing to release (an exit handler
+    blocks instead) or this Python joins threads in C (3.13+: no ``_tstate_lock``)."""
+    released = False
+    for thread in threading.enumerate():
+        if thread is threading.current_thread() or thread.daemon:
+            continue
+        lock = getattr(thread, "_tstate_lock", None)
+        if lock is not None and lock.locked():
+            try:
+                lock.release()
+                released = True
+            except RuntimeError:  # it ended meanwhile
+                pass
+    return released
+
+
+def arm(code: int, what: str = "the script", *, let_python_end: bool = False) -> bool:
+    """Bound the rest of this process's life; returns False when disabled (timeout 0) or armed already.
+
+    ``let_python_end``: ``code`` is a guess (see :func:`arm_at_shutdown`), so the guard first lets
+    the interpreter end without waiting for the threads still alive (:func:`_stop_waiting`), and
+    ends the process with ``code`` only if it still has not exited :data:`_GRACE_S` s later."""
     seconds = timeout_s()
     if seconds <= 0 or _ARMED:
         return False
-    timer = threading.Timer(seconds, _fire, args=(what, code, seconds))
+    timer = threading.Timer(seconds, _fire, args=(what, code, seconds, let_python_end))
     timer.daemon = True
     timer.name = "torch-adapter-exit-guard"
     timer.start()
@@ -112,7 +153,7 @@ def _record_exit_calls() -> None:
     if getattr(original, "_torch_adapter_exit", False):
         return
 
-    def exit(arg: Any = None) -> None:  # noqa: A001 - sys's name
+    def exit(arg: Any = None) -> None:  # (sys's name)
         _EXIT_CODE[:] = [_code_of(arg)]
         original(arg)
 
@@ -153,7 +194,11 @@ def arm_at_shutdown(what: str) -> None:
     _record_exit_calls()
 
     def at_shutdown() -> None:
-        arm(shutdown_code(), what)
+        code = _process_exitcode()
+        if code is not None:  # exact: multiprocessing computed it
+            arm(code, what)
+        else:  # a guess (a plain `python SCRIPT`): the interpreter's own code wins where it can end
+            arm(shutdown_code(), what, let_python_end=True)
 
     register = getattr(threading, "_register_atexit", None)  # runs before threading joins its threads
     try:
