@@ -85,7 +85,7 @@ def _untried() -> list[harness.Configuration]:
                 else:
                     os.environ[ENV] = old
 
-        return harness.Configuration(inner.name, context, inner.device, inner.description + f", {ENV}=0")
+        return harness.Configuration(inner.name, context, inner.device, inner.description + ", TORCH_ADAPTER_TRIAL=0")
 
     return [level("balanced"), level("aggressive")]
 
@@ -93,13 +93,11 @@ def _untried() -> list[harness.Configuration]:
 def trial_decisions() -> dict[str, dict[str, object]]:
     """Per level: what its trial measured on the step (each part on vs off, the others as the level has
     them) and kept — the per-part attribution on this CPU (optimization/trial.py)."""
-    from torch_adapter.optimization import layer
+    from torch_adapter.optimization.trial import decisions
 
     out: dict[str, dict[str, object]] = {}
-    for per_model in list(layer._TRIALS.values()):
-        for key, trial in per_model.items():
-            if trial.done:
-                out[str(key[3])] = dict(trial.decided)
+    for row in decisions():  # the latest decision per level and part (loss_drift's short runs decide none)
+        out.setdefault(str(row["level"]), {})[str(row["part"])] = {k: v for k, v in row.items() if k != "level"}
     return out
 
 

@@ -100,6 +100,9 @@ class CellRouter:
 
         with self.unobserved():  # the ops installing runs (target probes) are not the cell's
             session = install(self.target, simulate=self.simulate, emulate=self.emulate)
+        from ..launch.ray_train import patch_on_import
+
+        patch_on_import(session.patcher)  # a Ray client cell: ray.init / TorchTrainer, once it imports Ray
         self.session_log.target = session.target.name
         self.session_log.simulated = session.target.simulated
         self.session_log.emulated = session.target.emulated

@@ -156,6 +156,9 @@ def run_script(script: str, args: list[str], *, module: bool = False, target: st
         print(msg if msg.startswith("torch-adapter") else f"torch-adapter run: {msg}", file=sys.stderr)
         return EXIT_USAGE
 
+    from .ray_train import patch_on_import
+
+    patch_on_import(session.patcher)  # an unchanged Ray driver: ray.init / TorchTrainer, once it imports Ray
     tracer = children = None
     if report or report_json:
         from ..routing.trace import trace

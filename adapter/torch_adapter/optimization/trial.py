@@ -24,17 +24,26 @@ from __future__ import annotations
 
 import os
 import statistics
+from collections import deque
 import time
 import warnings
 from typing import Any
 
-__all__ = ["Trial", "MARGIN", "ORDER", "ENV", "enabled"]
+__all__ = ["Trial", "MARGIN", "ORDER", "ENV", "enabled", "decisions"]
 
 MARGIN = 0.02  # a part is kept when its median step is at least 2 % shorter than without it
 ORDER = (True, False, False, True, True, False)  # timed steps per part: on/off, mirrored (abba)
 ENV = "TORCH_ADAPTER_TRIAL"
 
 _WHAT = {"autocast": "autocast({device}, {dtype})", "compile": "torch.compile of the model"}
+
+
+_DECISIONS: deque[dict[str, Any]] = deque(maxlen=64)  # this process's latest decisions (benchmarks read them)
+
+
+def decisions() -> list[dict[str, Any]]:
+    """This process's trial decisions so far (the latest 64), oldest first, each with its level."""
+    return list(_DECISIONS)
 
 
 def enabled() -> bool:
@@ -137,6 +146,7 @@ class Trial:
         self.decided[part] = {"part": part, "kept": kept, "speedup": round(speedup, 3),
                               "on_ms": round(on_s * 1e3, 2), "off_ms": round(off_s * 1e3, 2),
                               "steps": len(on) + len(off), "cpu_kind": self.kind}
+        _DECISIONS.append({"level": self.level, **self.decided[part]})
         if not kept:
             what = _WHAT.get(part, part).format(device=repr(self.device), dtype=self.dtype)
             warnings.warn(
