@@ -119,7 +119,8 @@ DRIVER = textwrap.dedent("""
 
 # Ray Train's own background helpers, slowed down or left out (test speed only; none is the adapter's)
 RAY_QUIET = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
-             "RAY_TRAIN_ENABLE_STATE_TRACKING": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+             "RAY_TRAIN_ENABLE_STATE_TRACKING": "0", "RAY_USAGE_STATS_ENABLED": "0",
+             "RAY_ADDRESS": "local"}  # a new cluster of the test's own, never one a `ray start` left on the machine
 
 
 @pytest.fixture(scope="module")

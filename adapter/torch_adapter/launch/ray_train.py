@@ -92,7 +92,7 @@ def init(*args: Any, **kwargs: Any) -> Any:
     keeps its resources: ``ray start --num-gpus N`` gives them there."""
     import ray
 
-    starts = not args and kwargs.get("address") in (None, "local") and not os.environ.get("RAY_ADDRESS")
+    starts = not args and kwargs.get("address") in (None, "local") and os.environ.get("RAY_ADDRESS", "local") in ("", "local")
     gpus = target_gpus(kwargs.get("num_cpus")) if starts and "num_gpus" not in kwargs else None
     kept = os.environ.pop(ENV_VAR, None)
     ray_init = _ray_init()
