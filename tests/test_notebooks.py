@@ -289,6 +289,12 @@ def test_quickstart_trace_inspector_and_simulated_target(quickstart):
 
     if not cpu_features().bf16_units:
         assert not composite, composite  # the float32 path: native products
+    # The products the prose names, with their routes here, whatever the trace's first rows show
+    listed = re.search(r"^the products' routes here: (.*)$", text(cell(nb, "trace-log")), re.M)
+    shown = dict(re.findall(r"\('(aten::(?:add)?mm)', '(\w+)'\)", listed.group(1) if listed else ""))
+    assert set(shown) == {"aten::mm", "aten::addmm"}, text(cell(nb, "trace-log"))
+    if not cpu_features().bf16_units:
+        assert set(shown.values()) == {"native"}, shown
     # The inspector: its chart, and its controls, closed by the last cell's %unload_ext (no widget view
     # left for a reopened notebook to look for)
     chart, controls = cell(nb, "inspector").outputs

@@ -82,6 +82,14 @@ with torch_adapter.adapted("cpu"):
         a = torch.randn(32, 32, device="cuda", dtype=torch.float16)
         (a @ a).sum()
     out["cpu_half"] = codes_of(log)
+    # what the session decided here: the dtype a float16 request gave (dtype_policy="auto") and the dtype
+    # float16 products compute in (None: as float16)
+    out["cpu_half_dtypes"] = [str(a.dtype), str(torch_adapter.session.current().low_precision.dtype)]
+with torch_adapter.adapted("cpu", dtype_policy="float16"):  # float16 tensors kept on every CPU kind
+    with torch_adapter.trace() as log:
+        a = torch.randn(32, 32, device="cuda", dtype=torch.float16)
+        (a @ a).sum()
+    out["cpu_half_kept"] = codes_of(log)
     with torch_adapter.trace() as log:
         s = torch.randn(4, 8, 8, device="cuda")
         w = s @ s.transpose(-2, -1) / 8 ** 0.5
@@ -102,16 +110,30 @@ def test_the_reasons_only_a_run_makes_have_codes_too():
                           env={k: v for k, v in os.environ.items() if k != "TORCH_ADAPTER_AUTOINSTALL"})
     line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     assert done.returncode == 0 and line, done.stderr[-4000:]
-    out = {k: {tuple(x) if isinstance(x, list) else x for x in v} for k, v in json.loads(line[0][7:]).items()}
+    raw = json.loads(line[0][7:])
+    tensors, compute = raw.pop("cpu_half_dtypes")
+    out = {k: {tuple(x) if isinstance(x, list) else x for x in v} for k, v in raw.items()}
     everything = {c if isinstance(c, str) else c[0] for v in out.values() for c in v}
     assert codes.UNCLASSIFIED not in everything, out
     assert ("TA-F001", "fallback") in out["mps"] and ("TA-N004", "native") in out["mps"], out["mps"]
     assert ("TA-Y001", "yours") in out["yours"], out["yours"]
     assert ("TA-N006", "native") in out["optimize"], out["optimize"]
+    from torch_adapter.core.config import float16_tensors
     from torch_adapter.core.cpu_features import cpu_features
 
-    if cpu_features().float16_compute != "float16":  # float16 computed in another dtype on this CPU kind
-        assert ("TA-C005", "composite") in out["cpu_half"], out["cpu_half"]
+    if cpu_features().float16_compute()[0] != "float16":  # float16 computed in another dtype on this CPU kind
+        # a float16 tensor kept as float16 (dtype_policy="float16"): its product is rewritten, with its code
+        assert ("TA-C005", "composite") in out["cpu_half_kept"], out["cpu_half_kept"]
+        # dtype_policy="auto": a float16 request gives float32 where float16 is computed in float32 (a CPU
+        # without fp16/bf16 units: the float32 path, a native product), else float16 and the rewrite
+        if cpu_features().float16_compute()[0] == "float32":  # no fp16/bf16 units: the flags decide, nothing measured
+            assert compute == "torch.float32", compute
+        kept = float16_tensors("auto", compute.replace("torch.", "")) == "float16"
+        assert tensors == ("torch.float16" if kept else "torch.float32"), (tensors, compute)
+        if kept:
+            assert ("TA-C005", "composite") in out["cpu_half"], out["cpu_half"]
+        else:
+            assert ("TA-N001", "native") in out["cpu_half"] and "TA-C005" not in {c for c, _ in out["cpu_half"]}, out
     assert out["dtype"] == {"TA-D001"}, out["dtype"]
 
 
