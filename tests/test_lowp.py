@@ -484,3 +484,40 @@ def test_inference_mode_tensors_are_rewritten_without_a_version_counter(kind):
 
 # CI runs this file a second time as a CPU without bf16 units (TORCH_ADAPTER_CPU_FEATURES=avx2): .ci/run
 pytestmark = pytest.mark.cpu_kind
+
+
+@pytest.mark.parametrize("kind,param", [("avx512", torch.float32), ("avx2", torch.float32),
+                                        ("avx512_bf16", torch.float16)])
+def test_fsdp_float16_mixed_precision_follows_the_dtype_policy_like_its_inputs(tmp_path, kind, param):
+    """FSDP1 ``MixedPrecision(param_dtype=float16)`` under ``autocast("cuda", float16)`` (Lightning's
+    fsdp "16-mixed"): where the dtype policy makes float16 requests float32 (a CPU computing float16 in
+    float32), FSDP's input cast (``x.to(float16)``) gave float32 and autocast ran disabled, while its
+    unsharded parameters (factories on the CPU compute device) stayed float16: the conv raised "Input
+    type (float) and bias type (c10::Half) should be the same". Its parameters follow the policy now, as
+    on CUDA everything is float16 and the conv runs; where float16 stays float16 nothing changes."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision
+
+    with forced(kind), torch_adapter.adapted("cpu"):
+        dist.init_process_group("nccl", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+        try:
+            torch.manual_seed(0)
+            net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                      torch.nn.Linear(4 * 6 * 6, 3)).cuda()
+            ref = torch.nn.Sequential(*[m for m in net]).float()
+            x = torch.randn(8, 1, 8, 8, device="cuda")
+            expected = ref(x).detach()
+            mp = MixedPrecision(param_dtype=torch.float16, reduce_dtype=torch.float16, buffer_dtype=torch.float16)
+            model = FSDP(net, device_id=torch.cuda.current_device(), mixed_precision=mp)
+            seen = []
+            model.module[0].register_forward_pre_hook(lambda m, a: seen.append((a[0].dtype, m.weight.dtype,
+                                                                                 m.bias.dtype)))
+            for grad in (False, True):
+                with torch.set_grad_enabled(grad), torch.autocast("cuda", dtype=torch.float16):
+                    y = model(x)
+                if grad:
+                    y.float().sum().backward()
+                assert torch.allclose(y.float(), expected, atol=2e-2, rtol=2e-2), kind
+            assert set(seen) == {(param, param, param)}, seen
+        finally:
+            dist.destroy_process_group()

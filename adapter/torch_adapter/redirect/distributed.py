@@ -20,6 +20,8 @@ from .nccl_semantics import patch_gather_into_tensor, patch_reductions
 
 __all__ = ["map_backend", "apply"]
 
+_HALF = torch.float16
+
 
 def map_backend(backend: Any, target_type: str, collective: str) -> Any:
     """The backend string the target uses for ``backend`` (unchanged if not CUDA's)."""
@@ -255,6 +257,9 @@ def _adapt_fsdp1(session: Any, module: Any) -> None:
             bound.arguments["device_id"] = mapper.map(dev, f"FSDP(device_id={dev!r})", ints=True)
         elif mapper.on_cpu and bound.arguments.get("device_mesh") is None:
             bound.arguments["device_id"] = mapper.device(None)
+        mp = bound.arguments.get("mixed_precision")
+        if mp is not None and mapper.half_as is not None:
+            bound.arguments["mixed_precision"] = _mixed_precision_mapped(mp, mapper)
         orig_init(*bound.args, **bound.kwargs)
 
     p.set(fsdp, "__init__", fsdp_init)
@@ -289,6 +294,25 @@ def _adapt_fsdp1(session: Any, module: Any) -> None:
         return None  # on the CPU target the module's states live on its device, the CPU; gloo broadcasts them
 
     p.set(_init_utils, "_check_module_states_for_sync_module_states", check_module_states)
+
+
+def _mixed_precision_mapped(mp: Any, mapper: Any) -> Any:
+    """FSDP's ``MixedPrecision`` with its float16 dtypes under the dtype policy (``mapper.dtype``).
+
+    Where float16 requests give float32 tensors (dtype_policy ``auto`` on a CPU that computes float16 in
+    float32), FSDP's ``_cast_forward_inputs`` (``x.to(torch.float16)``) gave float32 inputs and
+    ``autocast("cuda", float16)`` runs disabled, while FSDP's unsharded parameters — made by factories on
+    the CPU compute device with ``dtype=param_dtype``, which the policy does not see — stayed float16: a
+    conv/linear of a float32 input by float16 weights ("Input type (float) and bias type (c10::Half)
+    should be the same"). Mapped here, the parameters, gradients' reduction and buffers follow the
+    inputs' float32, as every other float16 request of the program does."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(mp):
+        return mp
+    changes = {f.name: mapper.dtype(getattr(mp, f.name), f"FSDP(mixed_precision.{f.name}=torch.float16)")
+               for f in dataclasses.fields(mp) if getattr(mp, f.name, None) is _HALF}
+    return dataclasses.replace(mp, **changes) if changes else mp
 
 
 def _made_gloo(asked: Any, became: Any) -> bool:
