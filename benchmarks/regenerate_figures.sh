@@ -10,6 +10,7 @@ python benchmarks/bench_optimize.py --json optimize
 python benchmarks/bench_optimize.py --top-ops --steps 3 --json optimize
 python benchmarks/bench_optimize.py --quick --configs plain,redirect,balanced,aggressive,balanced_untried,aggressive_untried --json optimize_levels
 TORCH_ADAPTER_CPU_FEATURES=avx512_bf16 python benchmarks/bench_optimize.py --quick --configs plain,balanced,balanced_untried --json optimize_levels_forced_avx512_bf16
+TORCH_ADAPTER_CPU_FEATURES=amx python benchmarks/bench_optimize.py --quick --configs plain,balanced,aggressive,balanced_untried --json optimize_levels_forced_amx
 python benchmarks/bench_flight_recorder.py --rounds 5 --json flight_recorder
 python benchmarks/bench_optimize.py --configs plain,bf16_autocast,sdpa_math --drift-steps 2 --json optimize_levers
 python benchmarks/bench_redirect.py --workload all --repeats 9 --configs plain,adapted,plain_again --json redirect
