@@ -20,7 +20,6 @@ launcher's own environment decides, docs/launchers.md).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -101,7 +100,7 @@ class ForkedRanks:
         from multiprocessing import util
 
         from ..core.launcher_env import ranks
-        from ..launch.child_report import _rank_and_world, _role
+        from ..launch.child_report import _rank_and_world, _role, _write
         from ..session import current
 
         session = current()
@@ -127,10 +126,7 @@ class ForkedRanks:
                 record["rank"], record["world_size"] = _rank_and_world(record)
                 if record["rank"] is None or _role() != "main":
                     return  # a fork that is not a rank (a rank's DataLoader worker, a helper): not the job's
-                from ..core.safe_io import write_text
-
-                write_text(os.path.join(folder, f"{pid}.json"), json.dumps(record),
-                           call="torch_adapter: a forked rank's record")
+                _write(folder, record)  # the same record file a launched child writes
             except Exception as exc:  # noqa: BLE001 - instrumentation never breaks the user's exit
                 print(f"torch_adapter: could not write this forked rank's record ({type(exc).__name__}: {exc})",
                       file=sys.stderr)

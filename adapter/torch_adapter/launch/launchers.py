@@ -156,11 +156,9 @@ def _print_launcher_traceback(exc: BaseException) -> None:
     """The launcher's uncaught exception as ``python -m LAUNCHER`` would show it: its frames, not the adapter's."""
     import traceback
 
-    from ..core.callsite import PACKAGE_DIR
+    from ..core.tracebacks import user_traceback
 
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(PACKAGE_DIR + os.sep):
-        tb = tb.tb_next
+    tb = user_traceback(exc.__traceback__)  # the project's one rule (TORCH_ADAPTER_TRACEBACKS=full shows all)
     print("".join(traceback.format_exception(type(exc), exc, tb)), end="", file=sys.stderr, flush=True)
 
 
